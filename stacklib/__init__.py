@@ -1,0 +1,17 @@
+"""stacklib: a small, readable version of each component of the JAX AI stack.
+
+Each module mirrors a documented subset of a real library's API (see its docstring for
+the subset and the differences), so the same user code runs against both:
+
+    import optax                      # the real library
+    import stacklib.optim as optax    # ours
+
+Layers (a module imports only from layers below it):
+  0  hw, grading, transforms
+  1  nn, optim, data, checkpoint, compile, profile
+  2  parallel, kernels, quant
+  3  llm
+  4  align, infer, serve
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,40 @@
+"""Graded exercises: cases, `check` in notebooks, exercise generation, instructor grading.
+
+The learner calls `check("00.softmax", softmax)` in an exercise notebook. The author of a
+chapter registers cases in `stacklib/cases/chNN.py` with `Exercise` and the `expect_*`
+helpers. Instructors run `python -m stacklib.grading grade FOLDER`.
+"""
+
+from stacklib.grading.expect import (
+    CaseFailure,
+    expect,
+    expect_close,
+    expect_equal,
+    expect_gradient,
+    numerical_gradient,
+)
+from stacklib.grading.report import check
+from stacklib.grading.runner import (
+    Exercise,
+    ExerciseResult,
+    UnknownExerciseError,
+    exercises_of_chapter,
+    get_exercise,
+    grade,
+)
+
+__all__ = [
+    "CaseFailure",
+    "Exercise",
+    "ExerciseResult",
+    "UnknownExerciseError",
+    "check",
+    "exercises_of_chapter",
+    "expect",
+    "expect_close",
+    "expect_equal",
+    "expect_gradient",
+    "get_exercise",
+    "grade",
+    "numerical_gradient",
+]

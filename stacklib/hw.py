@@ -1,0 +1,207 @@
+"""Which machine this is, how big each chapter's problems should be on it, and notebook setup.
+
+Every chapter runs unchanged on a 2-core laptop CPU, a GPU, and a one-chip Colab TPU. It
+does so by asking this module three questions instead of hard-coding anything:
+
+* `describe()` — which backend, device kind and device count JAX sees;
+* `sizes(problem)` — the problem sizes for this backend, read from the one table
+  `PROBLEM_SIZES`, so that "small on CPU, real on TPU" is decided in a single place;
+* `simulate_cpu_devices(n)` — n virtual CPU devices, for the sharding lessons on a
+  machine that has one chip (or none).
+
+It also owns the first code cell of every notebook (`setup_cell_source()`): on Colab that
+cell installs the pinned stack and `stacklib` from `REPOSITORY_URL`; anywhere else it does
+nothing, because the README's commands have installed everything already.
+
+JAX is imported inside the functions that need it, so that `import stacklib.hw` is
+instant and never initialises a backend behind the reader's back (which would make
+`simulate_cpu_devices` impossible afterwards).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import types
+
+# The repository's address lives here and nowhere else: the notebooks' setup cells and
+# Colab badges are generated from it, and tests/test_notebooks.py checks them.
+REPOSITORY_URL = "https://github.com/build-the-jax-ai-stack/book"
+BRANCH = "main"
+
+BACKENDS = ("cpu", "gpu", "tpu")
+
+# Problem sizes by backend, one row per problem. A chapter asks `sizes("name")` and
+# gets the row for the backend it runs on. CPU rows keep every notebook within a
+# couple of minutes on 2 cores (the CI budget); GPU/TPU rows do real work.
+PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
+    # Chapter 00: a square matmul, timed to show what this machine can do.
+    "matmul": {
+        "cpu": {"n": 1024, "repeats": 5},
+        "gpu": {"n": 8192, "repeats": 20},
+        "tpu": {"n": 8192, "repeats": 20},
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What JAX sees on this machine."""
+
+    backend: str  # 'cpu', 'gpu' or 'tpu'
+    device_kind: str  # e.g. 'cpu', 'NVIDIA H100 80GB HBM3', 'TPU v5 lite'
+    device_count: int  # devices visible to this process
+    process_count: int  # > 1 only under jax.distributed
+    jax_version: str
+    python_version: str
+    on_colab: bool
+
+    def __str__(self) -> str:
+        rows = [(field.name, getattr(self, field.name)) for field in dataclasses.fields(self)]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def on_colab() -> bool:
+    """True inside a Google Colab runtime."""
+    return "google.colab" in sys.modules
+
+
+def describe() -> Hardware:
+    """Return the backend, device kind and counts that JAX sees (initialises JAX)."""
+    import jax
+
+    devices = jax.devices()
+    return Hardware(
+        backend=jax.default_backend(),
+        device_kind=devices[0].device_kind,
+        device_count=len(devices),
+        process_count=jax.process_count(),
+        jax_version=jax.__version__,
+        python_version=platform.python_version(),
+        on_colab=on_colab(),
+    )
+
+
+def sizes(problem: str, backend: str | None = None) -> types.SimpleNamespace:
+    """Return the sizes of `problem` for `backend` (default: the backend JAX runs on).
+
+    Example: `sizes("matmul").n` is 1024 on a CPU and 8192 on a GPU or TPU.
+
+    Raises:
+      KeyError: `problem` is not a row of `PROBLEM_SIZES`; the message lists the rows.
+      ValueError: `backend` is not one of 'cpu', 'gpu', 'tpu'.
+    """
+    if problem not in PROBLEM_SIZES:
+        known = ", ".join(sorted(PROBLEM_SIZES))
+        raise KeyError(
+            f"No problem sizes for {problem!r}. Known problems: {known}. "
+            f"Add a row to stacklib.hw.PROBLEM_SIZES for a new one."
+        )
+    if backend is None:
+        import jax
+
+        backend = jax.default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"Unknown backend {backend!r}; expected one of {BACKENDS}. "
+            "Pass backend='cpu', 'gpu' or 'tpu' explicitly."
+        )
+    return types.SimpleNamespace(**PROBLEM_SIZES[problem][backend])
+
+
+def simulate_cpu_devices(count: int = 8) -> list:
+    """Make JAX expose `count` CPU devices, for multi-device lessons on one machine.
+
+    XLA can split the host CPU into several virtual devices. Collectives between them
+    are real (they run through the same runtime as on a pod), only slower, which is
+    what makes sharding teachable on a laptop. On a one-chip TPU the simulated devices
+    are the CPU ones: pass `jax.devices("cpu")` to the mesh.
+
+    This must run before JAX executes anything, because the CPU backend fixes its
+    device count when it starts.
+
+    Returns:
+      The list of CPU devices (`jax.devices("cpu")`), `count` long.
+
+    Raises:
+      ValueError: `count` is not a positive integer.
+      RuntimeError: JAX already started with a different number of CPU devices.
+    """
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a positive integer, got {count!r}.")
+    import jax
+    from jax._src import xla_bridge  # NB: no public API says whether backends started.
+
+    if xla_bridge.backends_are_initialized():
+        current = len(jax.devices("cpu"))
+        if current != count:
+            raise RuntimeError(
+                f"JAX has already started with {current} CPU device(s), so it cannot "
+                f"switch to {count}. Restart the kernel and call "
+                f"stacklib.hw.simulate_cpu_devices({count}) before any other JAX operation."
+            )
+    else:
+        jax.config.update("jax_num_cpu_devices", count)
+    return jax.devices("cpu")
+
+
+def accelerator_runtime() -> str | None:
+    """Guess, without starting JAX, whether this machine has a TPU or an NVIDIA GPU.
+
+    Used on Colab before the accelerator-specific JAX is installed, so it looks at
+    the operating system rather than asking JAX.
+    """
+    tpu_env = ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME")
+    if any(os.environ.get(name) for name in tpu_env) or glob.glob("/dev/accel[0-9]*"):
+        return "tpu"
+    if glob.glob("/dev/vfio/[0-9]*"):  # TPU v4 and later expose their chips through VFIO
+        return "tpu"
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return "gpu"
+    return None
+
+
+def install_accelerator_support() -> str | None:
+    """Install the TPU or CUDA build of the pinned JAX if this machine has that accelerator.
+
+    Returns the pip requirement that was installed, or None on a CPU-only machine.
+    """
+    extra = {"tpu": "tpu", "gpu": "cuda12", None: None}[accelerator_runtime()]
+    if extra is None:
+        return None
+    requirement = f"jax[{extra}]=={importlib.metadata.version('jax')}"
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", requirement])
+    return requirement
+
+
+def setup_cell_source() -> str:
+    """The first code cell of every notebook (tests check that each notebook has it)."""
+    return (
+        "# Setup: on Colab this installs the pinned stack and stacklib (a minute or two).\n"
+        "# Anywhere else it does nothing: the README's commands installed everything.\n"
+        "import sys\n"
+        "\n"
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install --quiet "stacklib @ git+{REPOSITORY_URL}@{BRANCH}"\n'
+        "    import stacklib.hw\n"
+        "\n"
+        "    stacklib.hw.install_accelerator_support()"
+    )
+
+
+def colab_url(notebook_path: str) -> str:
+    """The Colab address that opens `notebook_path` (relative to the repository root)."""
+    github = REPOSITORY_URL.removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{github}/blob/{BRANCH}/{notebook_path}"
+
+
+def colab_badge(notebook_path: str) -> str:
+    """The Markdown "Open in Colab" badge that each notebook shows under its title."""
+    image = "https://colab.research.google.com/assets/colab-badge.svg"
+    return f"[![Open in Colab]({image})]({colab_url(notebook_path)})"

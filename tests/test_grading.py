@@ -1,0 +1,306 @@
+"""stacklib.grading: assertions, the case runner, check's report, stripping, instructor grading."""
+
+import time
+
+import nbformat
+import numpy as np
+import pytest
+
+from stacklib.grading import (
+    CaseFailure,
+    Exercise,
+    UnknownExerciseError,
+    check,
+    expect_close,
+    expect_equal,
+    expect_gradient,
+    grade,
+    numerical_gradient,
+)
+from stacklib.grading.instructor import grade_folder, write_score_tables
+from stacklib.grading.report import GRADE_METADATA_KEY, format_html, format_text
+from stacklib.grading.runner import ERROR, FAILED, NOT_IMPLEMENTED, PASSED, TIMED_OUT
+from stacklib.grading.strip import (
+    SolutionMarkerError,
+    stale_exercises,
+    strip_source,
+    write_exercises,
+)
+
+# A toy exercise for these tests; chapter 98 is reserved for the grader's own tests.
+square = Exercise("98.square", "Square a number")
+
+
+@square.case(points=2, hint="x * x")
+def squares_three(fn):
+    expect_close(fn(3.0), 9.0)
+
+
+@square.case(time_limit_s=1.0)
+def squares_an_array(fn):
+    expect_close(fn(np.arange(3.0)), np.array([0.0, 1.0, 4.0]))
+
+
+def statuses(result):
+    return [case.status for case in result.cases]
+
+
+# --- expect_close and friends --------------------------------------------------------------
+
+
+def test_expect_close_accepts_equal_trees_within_tolerance():
+    expect_close({"a": [np.ones(3), 2.0]}, {"a": [np.ones(3) + 1e-9, 2.0]})
+
+
+def test_expect_close_names_the_path_of_a_structure_mismatch():
+    with pytest.raises(CaseFailure, match=r"at \['a'\]\[1\]: expected an array or number, got list"):
+        expect_close({"a": [1.0, [2.0]]}, {"a": [1.0, 2.0]})
+
+
+def test_expect_close_names_missing_dict_keys():
+    expected_message = r"expected dict with keys \['a', 'b'\], got dict with keys \['a'\]"
+    with pytest.raises(CaseFailure, match=expected_message):
+        expect_close({"a": 1.0}, {"a": 1.0, "b": 2.0})
+
+
+def test_expect_close_reports_shapes():
+    with pytest.raises(CaseFailure, match=r"expected shape \(3,\), got shape \(2, 3\)"):
+        expect_close(np.ones((2, 3)), np.ones(3))
+
+
+def test_expect_close_reports_the_worst_element_and_its_index():
+    got = np.zeros((2, 3))
+    got[1, 2] = 5.0
+    with pytest.raises(CaseFailure, match=r"1 of 6 values differ .*worst at \[1, 2\]: expected 0, got 5"):
+        expect_close(got, np.zeros((2, 3)))
+
+
+def test_expect_close_treats_nan_as_a_mismatch_unless_expected():
+    with pytest.raises(CaseFailure, match="got nan"):
+        expect_close(np.array([1.0, np.nan]), np.array([1.0, 2.0]))
+    expect_close(np.array([np.nan]), np.array([np.nan]))
+
+
+def test_expect_equal_checks_dtypes():
+    with pytest.raises(CaseFailure, match="expected dtype int32, got dtype int64"):
+        expect_equal(np.array([1], np.int64), np.array([1], np.int32))
+
+
+def test_numerical_gradient_matches_an_analytic_gradient():
+    x = np.array([0.3, -1.2, 2.0])
+    np.testing.assert_allclose(numerical_gradient(lambda v: np.sum(np.sin(v) * v), x),
+                               np.cos(x) * x + np.sin(x), rtol=1e-8)
+
+
+def test_expect_gradient_catches_a_wrong_gradient():
+    f = lambda v: np.sum(v**3)  # noqa: E731
+    expect_gradient(lambda v: 3 * v**2, f, np.array([1.0, 2.0]))
+    with pytest.raises(CaseFailure, match="the gradient"):
+        expect_gradient(lambda v: 2 * v, f, np.array([1.0, 2.0]))
+
+
+# --- running cases ---------------------------------------------------------------------------
+
+
+def test_a_correct_answer_scores_full_marks():
+    result = grade("98.square", lambda x: x * x)
+    assert statuses(result) == [PASSED, PASSED] and (result.points, result.max_points) == (3, 3)
+
+
+def test_a_wrong_answer_fails_with_the_difference_and_the_hint():
+    result = grade("98.square", lambda x: x + x)
+    assert statuses(result) == [FAILED, FAILED] and result.points == 0
+    assert "expected 9, got 6" in result.cases[0].message
+    assert "Hint: x * x" in result.cases[0].message
+
+
+def test_a_stub_is_not_implemented_yet_rather_than_a_traceback():
+    def stub(x):
+        raise NotImplementedError
+
+    for answer in (stub, None):
+        result = grade("98.square", answer)
+        assert statuses(result) == [NOT_IMPLEMENTED] * 2
+        assert result.cases[0].message == "not implemented yet"
+
+
+def test_an_exception_in_learner_code_is_reported_with_its_line():
+    def broken(x):
+        return x.nonexistent_attribute
+
+    result = grade("98.square", broken)
+    assert statuses(result) == [ERROR, ERROR]
+    message = result.cases[0].message
+    assert message.startswith("AttributeError:") and "in broken, line" in message
+    assert "x.nonexistent_attribute" in message
+
+
+def test_a_hanging_answer_is_stopped_at_the_time_limit():
+    def hangs(x):
+        if np.ndim(x) == 0:
+            return x * x
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:  # a learner's broad except must not swallow the stop
+                pass
+
+    start = time.monotonic()
+    result = grade("98.square", hangs)
+    assert time.monotonic() - start < 5
+    assert statuses(result) == [PASSED, TIMED_OUT]
+    assert (result.points, result.cases[1].points) == (2, 0)
+    assert "1 s time limit" in result.cases[1].message
+
+
+def test_a_hanging_answer_is_stopped_outside_the_main_thread_too():
+    import threading
+
+    def hangs_on_arrays(x):
+        if np.ndim(x) == 0:
+            return x * x
+        time.sleep(60)
+
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=grade("98.square", hangs_on_arrays)))
+    thread.start()
+    thread.join(10)
+    assert statuses(box["result"])[1] == TIMED_OUT
+
+
+def test_an_unknown_exercise_id_lists_the_known_ones():
+    with pytest.raises(UnknownExerciseError, match=r"no exercise '00.sofmax'.*00\.softmax.*98\.square"):
+        grade("00.sofmax", lambda x: x)
+
+
+def test_exercise_ids_must_look_like_chapter_dot_name():
+    with pytest.raises(ValueError, match="'NN.name'"):
+        Exercise("3.adam", "bad id")
+
+
+def test_an_exercise_cannot_be_registered_twice():
+    with pytest.raises(ValueError, match="registered twice"):
+        Exercise("98.square", "again")
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def test_check_prints_a_line_per_case_outside_jupyter(capsys):
+    check("98.square", lambda x: x + x)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "98.square · Square a number · 0/3 points"
+    assert lines[1].lstrip().startswith("✗ squares three") and "0/2" in lines[1]
+
+
+def test_check_tells_an_untouched_exercise_what_to_do(capsys):
+    check("98.square", None)
+    assert "Replace `raise NotImplementedError`" in capsys.readouterr().out
+
+
+def test_the_html_report_escapes_messages():
+    result = grade("98.square", lambda x: "<b>")
+    assert "<b>'" not in format_html(result) and "&lt;b&gt;" in format_html(result)
+    assert format_text(result).count("\n") == 2
+
+
+# --- stripping solutions ---------------------------------------------------------------------
+
+
+def test_strip_replaces_the_solution_with_an_indented_stub():
+    source = "def f(x):\n    ### BEGIN SOLUTION\n    return x * 2\n    ### END SOLUTION\n\nprint(1)"
+    assert strip_source(source) == (
+        "def f(x):\n    # YOUR CODE HERE\n"
+        '    raise NotImplementedError("Exercise: replace this line with your code.")\n\nprint(1)'
+    )
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without a ### BEGIN SOLUTION"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "cannot nest"),
+])
+def test_unbalanced_markers_are_errors_that_say_where(source, problem):
+    with pytest.raises(SolutionMarkerError, match=problem):
+        strip_source(source, where="solutions/x.ipynb, cell 3")
+
+
+def _notebook(*sources: str, outputs: bool = False) -> nbformat.NotebookNode:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for source in sources:
+        cell = nbformat.v4.new_code_cell(source)
+        if outputs:
+            cell.outputs = [nbformat.v4.new_output("stream", text="old output")]
+            cell.execution_count = 1
+        notebook.cells.append(cell)
+    return notebook
+
+
+def test_exercises_are_regenerated_without_solutions_or_outputs(tmp_path):
+    solutions, exercises = tmp_path / "solutions", tmp_path / "exercises"
+    solutions.mkdir()
+    nbformat.write(_notebook("def f():\n    ### BEGIN SOLUTION\n    return 42\n    ### END SOLUTION",
+                             outputs=True), solutions / "98_x.ipynb")
+    assert stale_exercises(solutions, exercises) == ["98_x.ipynb"]
+    write_exercises(solutions, exercises)
+    assert stale_exercises(solutions, exercises) == []
+    cell = nbformat.read(exercises / "98_x.ipynb", as_version=4).cells[0]
+    assert "42" not in cell.source and cell.outputs == [] and cell.execution_count is None
+    (exercises / "99_orphan.ipynb").write_text("{}")
+    assert stale_exercises(solutions, exercises) == ["99_orphan.ipynb"]
+
+
+# --- the instructor's command ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_grading_a_folder_grades_each_notebook_and_survives_bad_files(tmp_path):
+    # Each kernel registers the toy exercise itself (chapter 98 has no case module).
+    register = ("from stacklib.grading import Exercise, check, expect_close\n"
+                "square_exercise = Exercise('98.square', 'Square a number')\n"
+                "square_exercise.case(points=2)(lambda fn: expect_close(fn(3.0), 9.0))\n"
+                "square_exercise.case(points=1)(lambda fn: expect_close(fn(2.0), 4.0))")
+    check_cell = "check('98.square', square)"
+    submissions = {
+        "good.ipynb": _notebook(register, "def square(x):\n    return x * x", check_cell),
+        "stub.ipynb": _notebook(register, "def square(x):\n    raise NotImplementedError", check_cell),
+        "broken_cell.ipynb": _notebook(register, "def square(x) return x", check_cell,
+                                       "print('the last cell still runs')"),
+        "hangs.ipynb": _notebook(register, "import time\ntime.sleep(60)", check_cell),
+    }
+    for name, notebook in submissions.items():
+        nbformat.write(notebook, tmp_path / name)
+    (tmp_path / "corrupt.ipynb").write_text('{"cells": [')
+    (tmp_path / "notes.txt").write_text("not a notebook")
+
+    grades = {g.notebook: g for g in grade_folder(tmp_path, time_limit_s=8)}
+
+    assert {name: g.total for name, g in grades.items()} == {
+        "good.ipynb": 3, "stub.ipynb": 0, "broken_cell.ipynb": 0, "hangs.ipynb": 0,
+        "corrupt.ipynb": 0, "notes.txt": 0,
+    }
+    assert grades["good.ipynb"].notes == [] and grades["good.ipynb"].possible == 3
+    assert grades["stub.ipynb"].notes == []  # a stub ran to the end; it just scores zero
+    assert "cell 1: SyntaxError" in grades["broken_cell.ipynb"].notes[0]
+    assert "cell 2: NameError" in grades["broken_cell.ipynb"].notes[0]
+    assert "8 s limit" in grades["hangs.ipynb"].notes[0]
+    assert "no check ran for 98.square" in grades["hangs.ipynb"].notes[-1]
+    assert "not a readable notebook" in grades["corrupt.ipynb"].notes[0]
+    assert "not a notebook" in grades["notes.txt"].notes[0]
+
+    csv_path, md_path = write_score_tables(list(grades.values()), tmp_path / "out" / "scores")
+    header, *rows = csv_path.read_text().splitlines()
+    assert header.startswith("notebook,98.square,total,possible,percent")
+    assert len(rows) == 6
+    assert "| good.ipynb | 3/3 | 3 | 3 | 100 |" in md_path.read_text()
+
+
+def test_grades_are_read_from_the_check_output_metadata():
+    from stacklib.grading.instructor import _reported_grades
+
+    notebook = _notebook("check(...)")
+    notebook.cells[0].outputs = [nbformat.v4.new_output(
+        "display_data", data={"text/plain": "..."},
+        metadata={GRADE_METADATA_KEY: {"exercise_id": "98.square", "points": 2, "max_points": 3}})]
+    assert _reported_grades(notebook)["98.square"]["points"] == 2
