@@ -10,7 +10,7 @@ NOTEBOOKS := chapters solutions exercises
 PYTEST_NOTEBOOK_FLAGS := --nbval-lax --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
-.PHONY: install book test test-fast notebooks exercises grade lint lock clean
+.PHONY: install book test test-fast notebooks exercises grade bench lint lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,11 @@ exercises: $(STAMP)  ## regenerate exercises/ from solutions/ (solution code rem
 grade: $(STAMP)  ## grade a folder of submitted notebooks: make grade DIR=submissions OUT=scores
 	$(BIN)/python -m stacklib.grading grade $(or $(DIR),submissions) --out $(or $(OUT),scores)
 
+bench: $(STAMP)  ## benchmarks against the real libraries, printed as ratios: make bench [ONLY=optim]
+	JAX_PLATFORMS=cpu $(BIN)/python -m benchmarks $(ONLY)
+
 lint: $(STAMP)
-	$(BIN)/ruff check stacklib tests
+	$(BIN)/ruff check stacklib tests benchmarks
 
 lock:  ## re-resolve constraints.txt from pyproject.toml in a throwaway venv
 	rm -rf /tmp/stacklib-lock && $(PYTHON) -m venv /tmp/stacklib-lock
