@@ -56,8 +56,8 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
     # Chapter 07: collective timings over per-device messages of 2**min_log2 .. 2**max_log2 bytes.
     "collective_sweep": {
         "cpu": {"min_log2": 12, "max_log2": 20, "repeats": 5},
-        "gpu": {"min_log2": 12, "max_log2": 24, "repeats": 20},
-        "tpu": {"min_log2": 12, "max_log2": 24, "repeats": 20},
+        "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+        "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
     },
 }
 
