@@ -244,7 +244,7 @@ def test_a_data_parallel_step_all_reduces_exactly_the_gradient_bytes(model_state
     graphdef, state = model_state
     mesh = mesh_of((8,), ("data",))
     batch = NamedSharding(mesh, P("data"))
-    x, y = make_blobs(jax.random.key(0), 64, 16, 8)
+    x, y = make_blobs(0, 64, 16, 8)
     sharded = parallel.shard_state(state, mesh, (("batch", "data"),))
     step = jax.jit(make_sgd_step(graphdef, 0.1))
     hlo = step.lower(sharded, jax.device_put(x, batch), jax.device_put(y, batch)).compile().as_text()
@@ -339,15 +339,18 @@ def test_collective_time_dispatches_on_the_kind():
 
 
 # ---- the model and the training strategies
-def test_blobs_are_float32_features_and_integer_labels():
-    x, y = make_blobs(jax.random.key(0), 32, 5, 3)
-    assert x.shape == (32, 5) and x.dtype == jnp.float32
-    assert y.shape == (32,) and jnp.issubdtype(y.dtype, jnp.integer) and int(y.max()) < 3
+def test_blobs_are_float32_features_and_int32_labels_the_same_for_the_same_seed():
+    x, y = make_blobs(0, 32, 5, 3)
+    assert x.shape == (32, 5) and x.dtype == np.float32
+    assert y.shape == (32,) and y.dtype == np.int32 and 0 <= y.min() and y.max() < 3
+    again, _ = make_blobs(0, 32, 5, 3)
+    other, _ = make_blobs(1, 32, 5, 3)
+    assert np.array_equal(x, again) and not np.array_equal(x, other)
 
 
 def test_sgd_training_fits_the_blobs_and_does_not_recompile():
     graphdef, state = nnx.split(MLPClassifier(8, 32, 4, rngs=nnx.Rngs(0)))
-    x, y = make_blobs(jax.random.key(1), 128, 8, 4)
+    x, y = make_blobs(1, 128, 8, 4)
     step = jax.jit(make_sgd_step(graphdef, 0.3))
     losses = []
     for _ in range(40):
@@ -359,7 +362,7 @@ def test_sgd_training_fits_the_blobs_and_does_not_recompile():
 
 def test_the_loss_gradient_matches_central_differences():
     graphdef, state = nnx.split(MLPClassifier(3, 4, 2, rngs=nnx.Rngs(0)))
-    x, y = make_blobs(jax.random.key(1), 6, 3, 2)
+    x, y = make_blobs(1, 6, 3, 2)
     loss = jax.jit(make_loss(graphdef))
     with jax.enable_x64():
         state64 = jax.tree.map(lambda a: a.astype(jnp.float64), state)
@@ -390,7 +393,7 @@ def test_each_strategy_takes_the_same_step_as_one_device(name):
     mesh_shape, names, rules = STRATEGIES[name]
     mesh = mesh_of(mesh_shape, names)
     graphdef, state = nnx.split(MLPClassifier(16, 32, 8, rngs=nnx.Rngs(0)))
-    x, y = make_blobs(jax.random.key(1), 64, 16, 8)
+    x, y = make_blobs(1, 64, 16, 8)
     step = make_sgd_step(graphdef, 0.1)
     expected_state, expected_loss = jax.jit(step)(state, x, y)
 
@@ -411,7 +414,7 @@ def test_each_strategy_takes_the_same_step_as_one_device(name):
 # ---- multi-process JAX
 def reference_run(steps=3, batch=32, features=8, hidden=16, classes=4, learning_rate=0.5, seed=0):
     graphdef, state = nnx.split(MLPClassifier(features, hidden, classes, rngs=nnx.Rngs(seed)))
-    x, y = make_blobs(jax.random.key(seed + 1), batch, features, classes)
+    x, y = make_blobs(seed + 1, batch, features, classes)
     step = jax.jit(make_sgd_step(graphdef, learning_rate))
     losses = []
     for _ in range(steps):

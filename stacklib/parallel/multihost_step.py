@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     graphdef, state = nnx.split(model)
     state = shard_state(state, mesh, FSDP_RULES)  # same values in every process: each keeps its shards
 
-    x, y = make_blobs(jax.random.key(options.seed + 1), options.batch, options.features, options.classes)
+    x, y = make_blobs(options.seed + 1, options.batch, options.features, options.classes)
     rows = options.batch // jax.process_count()
     mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
     batch_sharding = NamedSharding(mesh, P("data"))
