@@ -46,6 +46,19 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"n": 8192, "repeats": 20},
         "tpu": {"n": 8192, "repeats": 20},
     },
+    # Chapter 07: the MLP trained with each sharding strategy on an 8-device mesh (on a
+    # one-chip runtime the mesh is 8 simulated CPU devices, so accelerator rows stay modest).
+    "sharded_mlp": {
+        "cpu": {"batch": 256, "features": 32, "hidden": 256, "classes": 8, "steps": 25},
+        "gpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+        "tpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+    },
+    # Chapter 07: collective timings over per-device messages of 2**min_log2 .. 2**max_log2 bytes.
+    "collective_sweep": {
+        "cpu": {"min_log2": 12, "max_log2": 20, "repeats": 5},
+        "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+        "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+    },
 }
 
 

@@ -1,0 +1,161 @@
+"""Chapter 07's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from stacklib import parallel
+from stacklib.grading import grade
+
+
+def all_reduce_time(num_bytes, num_devices, bandwidth, latency):
+    return 2 * (num_devices - 1) * (latency + num_bytes / num_devices / bandwidth)
+
+
+def ring_all_gather(x, axis_name):
+    return parallel.ring_all_gather(x, axis_name)
+
+
+def linear_loss(params, x, y):
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def sgd(params, grads, learning_rate):
+    return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
+
+
+def dp_sgd_step(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.pmean(linear_loss(p, x, y), "data"))(params)
+    return sgd(params, grads, learning_rate), loss
+
+
+TP_SPECS = (P(), P(None, "model"), P("model"), P("model", None), P())
+
+
+def tp_mlp(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.lax.psum(jax.nn.relu(x @ w1 + b1) @ w2, "model") + b2
+
+    return jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P())(x, w1, b1, w2, b2)
+
+
+RIGHT = {
+    "07.all_reduce_time": all_reduce_time,
+    "07.ring_all_gather": ring_all_gather,
+    "07.dp_step": dp_sgd_step,
+    "07.tp_mlp": tp_mlp,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+# ---- planted wrong answers
+def gather_with_lax(x, axis_name):
+    return jax.lax.all_gather(x, axis_name)
+
+
+def gather_placed_backwards(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        blocks = blocks.at[(me + step) % n].set(x)  # should be me - step
+    return blocks
+
+
+def gather_for_four_devices(x, axis_name):
+    me = jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((4, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, 4):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % 4) for i in range(4)])
+        blocks = blocks.at[(me - step) % 4].set(x)
+    return blocks
+
+
+def dp_average_local_gradients(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(linear_loss)(params, x, y)
+    return sgd(params, jax.lax.pmean(grads, "data"), learning_rate), jax.lax.pmean(loss, "data")
+
+
+def dp_psum_over_eight(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.psum(linear_loss(p, x, y), "data") / 8)(params)
+    return sgd(params, grads, learning_rate), loss
+
+
+def dp_psum_loss(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.psum(linear_loss(p, x, y), "data"))(params)
+    return sgd(params, grads, learning_rate), loss
+
+
+def dp_no_communication(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(linear_loss)(params, x, y)
+    return sgd(params, grads, learning_rate), loss
+
+
+def tp_bias_before_psum(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.lax.psum(jax.nn.relu(x @ w1 + b1) @ w2 + b2, "model")  # b2 added N times
+
+    return jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P())(x, w1, b1, w2, b2)
+
+
+def tp_replicated(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.nn.relu(x @ w1 + b1) @ w2 + b2
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(), out_specs=P())(x, w1, b1, w2, b2)
+
+
+def tp_gather_hidden(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        h = jax.lax.all_gather(jax.nn.relu(x @ w1 + b1), "model", axis=1, tiled=True)
+        return h @ w2 + b2
+
+    specs = (P(), P(None, "model"), P("model"), P(), P())
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(), check_vma=False)(x, w1, b1, w2, b2)
+
+
+def tp_row_parallel_first(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):  # relu of partial sums: wrong
+        return jax.lax.psum(jax.nn.relu(x @ w1 + b1 / 2) @ w2, "model") / 2 + b2
+
+    specs = (P(None, "model"), P("model", None), P(), P(), P())
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(x, w1, b1, w2, b2)
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("07.all_reduce_time", lambda v, n, w, a: (n - 1) * (a + v / n / w), 1, "a reduce-scatter only"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * a + 2 * v / w, 0, "forgets (N - 1) / N"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * v / n / w, 3, "forgets the latency"),
+    ("07.ring_all_gather", gather_with_lax, 3, "calls jax.lax.all_gather"),
+    ("07.ring_all_gather", gather_placed_backwards, 1, "puts received blocks at me + step"),
+    ("07.ring_all_gather", gather_for_four_devices, 3, "hard-codes 4 devices"),
+    ("07.dp_step", dp_average_local_gradients, 1, "pmean of local gradients is N times too large"),
+    ("07.dp_step", dp_psum_over_eight, 3, "divides by a hard-coded 8"),
+    ("07.dp_step", dp_psum_loss, 0, "psum instead of pmean"),
+    ("07.dp_step", dp_no_communication, 0, "no collective at all"),
+    ("07.tp_mlp", tp_bias_before_psum, 2, "adds b2 on every device"),
+    ("07.tp_mlp", tp_replicated, 3, "no tensor parallelism"),
+    ("07.tp_mlp", tp_gather_hidden, 3, "all-gathers the hidden layer"),
+    ("07.tp_mlp", tp_row_parallel_first, 0, "applies relu to partial sums"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points
+
+
+def test_a_case_on_too_few_devices_says_how_to_get_more(monkeypatch):
+    monkeypatch.setattr(parallel, "make_mesh", lambda *a, **k: parallel.mesh_devices(64))
+    result = grade("07.tp_mlp", tp_mlp)
+    assert result.points == 0
+    assert "simulate_cpu_devices(8)" in result.cases[0].message
