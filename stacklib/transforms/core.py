@@ -306,8 +306,13 @@ class Tracer:
             raise TypeError("len() of unsized object (a traced scalar)")
         return self.shape[0]
 
+    def abstract_source(self) -> Tracer:
+        """The tracer whose value is unknown, for error messages (jvp defers to its primal)."""
+        return self
+
     def _where(self) -> tuple[str, str, str]:
-        return self.aval.str_short(), self._trace.context(), self._trace.transform_name
+        source = self.abstract_source()
+        return self.aval.str_short(), source._trace.context(), source._trace.transform_name
 
     def __bool__(self) -> bool:
         value = self.concrete_value()

@@ -53,6 +53,9 @@ class JVPTracer(Tracer):
             return self.primal.concrete_value()
         return np.asarray(self.primal)
 
+    def abstract_source(self) -> Tracer:
+        return self.primal.abstract_source() if isinstance(self.primal, Tracer) else self
+
 
 class JVPTrace(Trace):
     transform_name = "jvp"
