@@ -11,9 +11,9 @@ import stacklib.transforms as st
 import stacklib.transforms.numpy as tnp
 from stacklib.grading import numerical_gradient
 from stacklib.transforms import lax, tree_util
-from stacklib.transforms.jvp import primitive_jvps
+from stacklib.transforms.batching import primitive_batchers
+from stacklib.transforms.forward import primitive_jvps
 from stacklib.transforms.reverse import linearize_flat, primitive_transposes
-from stacklib.transforms.vmap import primitive_batchers
 
 RNG = np.random.default_rng(0)
 

@@ -20,10 +20,10 @@ Mirrors `jax.jvp`, `jax.linearize`, `jax.vjp`, `jax.grad`, `jax.value_and_grad`,
   numpy      the user-facing array functions (promotion, broadcasting) and tracer operators
   jaxpr      the IR: jaxprs, printing, evaluation, dead-code elimination
   staging    tracing to a jaxpr (`make_jaxpr`)
-  jvp        forward mode, one JVP rule per primitive
-  reverse    reverse mode: linearize, then transpose (one rule per linear primitive)
-  vmap       batching, one batching rule per primitive
-  jit        staging with a cache keyed by abstract signature, and the `jit` primitive
+  forward    forward mode (`jvp`), one JVP rule per primitive, symbolic zero tangents
+  reverse    reverse mode (`grad`, `vjp`): linearize, then transpose (rules for linear primitives)
+  batching   `vmap`, one batching rule per primitive
+  caching    `jit`: staging with a cache keyed by abstract signature, and the `jit` primitive
   tree_util  pytrees
   errors     the errors tracing raises, with messages that explain the fix
 
@@ -33,6 +33,8 @@ zeros or weak types, no sharding, and jaxprs that are interpreted rather than co
 """
 
 from stacklib.transforms import lax, numpy, tree_util
+from stacklib.transforms.batching import vmap
+from stacklib.transforms.caching import config, jit
 from stacklib.transforms.core import Primitive, ShapedArray, Tracer
 from stacklib.transforms.errors import (
     ConcretizationTypeError,
@@ -42,12 +44,10 @@ from stacklib.transforms.errors import (
     UnexpectedTracerError,
     UnsupportedOperationError,
 )
+from stacklib.transforms.forward import jvp
 from stacklib.transforms.jaxpr import ClosedJaxpr, Jaxpr, JaxprEqn, eval_jaxpr
-from stacklib.transforms.jit import config, jit
-from stacklib.transforms.jvp import jvp
 from stacklib.transforms.reverse import grad, linearize, value_and_grad, vjp
 from stacklib.transforms.staging import make_jaxpr
-from stacklib.transforms.vmap import vmap
 
 __all__ = [
     "ClosedJaxpr",

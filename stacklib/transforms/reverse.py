@@ -35,8 +35,8 @@ import numpy as np
 from stacklib.transforms import core, errors, lax, tree_util
 from stacklib.transforms import numpy as jnp
 from stacklib.transforms.core import Primitive, ShapedArray, Tracer, get_aval
+from stacklib.transforms.forward import jvp_flat
 from stacklib.transforms.jaxpr import ClosedJaxpr, Literal, eval_jaxpr
-from stacklib.transforms.jvp import jvp_flat
 from stacklib.transforms.staging import JaxprBuilder, JaxprTrace, flatten_fun, function_name
 
 

@@ -40,6 +40,9 @@ class JaxprTracer(Tracer):
     def aval(self) -> ShapedArray:
         return self._aval
 
+    def __repr__(self) -> str:
+        return f"JaxprTracer({self._aval.str_short()})"
+
 
 class JaxprBuilder:
     """What one staging run accumulates: equations, variables and constants.

@@ -61,6 +61,10 @@ class BatchTracer(Tracer):
     def full_lower(self) -> Any:
         return core.full_lower(self.val) if self.batch_dim is None else self
 
+    def __repr__(self) -> str:
+        return (f"BatchTracer(aval={self.aval.str_short()}, batched={get_aval(self.val).str_short()} "
+                f"at axis {self.batch_dim})")
+
 
 class BatchTrace(Trace):
     transform_name = "vmap"
@@ -79,7 +83,7 @@ class BatchTrace(Trace):
         if rule is None:
             raise errors.MissingRuleError(
                 f"Batching rule for '{primitive.name}' not implemented: add one with "
-                f"stacklib.transforms.vmap.primitive_batchers[{primitive.name}_p] = rule, where "
+                f"stacklib.transforms.batching.primitive_batchers[{primitive.name}_p] = rule, where "
                 "rule(batched_args, batch_dims, **params) returns (out, out_batch_dim)."
             )
         vals = [t.val for t in tracers]

@@ -33,11 +33,11 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from stacklib.transforms import core, tree_util
+from stacklib.transforms.batching import primitive_batchers, vmap_flat
 from stacklib.transforms.core import Primitive, Tracer, get_aval
+from stacklib.transforms.forward import jvp_flat, primitive_jvps
 from stacklib.transforms.jaxpr import ClosedJaxpr, Jaxpr, dce_jaxpr, eval_jaxpr, run_jaxpr
-from stacklib.transforms.jvp import jvp_flat, primitive_jvps
 from stacklib.transforms.staging import flatten_fun, trace_to_jaxpr
-from stacklib.transforms.vmap import primitive_batchers, vmap_flat
 
 logger = logging.getLogger("stacklib.transforms")
 
