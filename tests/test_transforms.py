@@ -478,3 +478,22 @@ def test_every_primitive_has_all_its_rules():
         assert primitive in primitive_batchers, primitive
         if primitive.name not in elementwise_nonlinear:
             assert primitive in primitive_transposes, primitive
+
+
+def test_lax_python_scalars_take_the_dtype_of_the_other_operand():
+    x = np.ones(3, np.float32)
+    assert lax.sub(1.0, x).dtype == np.float32
+    assert st.make_jaxpr(lambda v: lax.mul(v, 2))(x).eqns[0].invars[1].aval.dtype == np.float32
+
+
+def test_a_transpose_rule_that_returns_the_wrong_shape_is_reported():
+    wrong = {**primitive_transposes, lax.reduce_sum_p: lambda ct, x, *, axes: [ct]}
+    original = dict(primitive_transposes)
+    primitive_transposes.update(wrong)
+    try:
+        with pytest.raises(ValueError, match="transpose rule of 'reduce_sum' returned a cotangent of type "
+                                             r"f64\[\] for an input of type f64\[3\]"):
+            st.grad(lambda v: tnp.sum(tnp.sin(v)))(np.ones(3))
+    finally:
+        primitive_transposes.clear()
+        primitive_transposes.update(original)

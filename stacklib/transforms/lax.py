@@ -7,8 +7,9 @@ is written in terms of these ~30 primitives; every transformation only needs rul
 them.
 
 Like `jax.lax`, the primitives are strict where NumPy is lenient: binary operations
-need equal dtypes and equal shapes (or a rank-0 operand, which broadcasts); broadcasting,
-promotion and Python scalars are handled one level up, in `stacklib.transforms.numpy`.
+need equal dtypes and equal shapes (or a rank-0 operand, which broadcasts); broadcasting
+and promotion are handled one level up, in `stacklib.transforms.numpy`. The one leniency,
+as in JAX, is a Python scalar operand: it takes the other operand's dtype.
 
 Differences from jax.lax:
   * ~30 primitives, no control flow (`cond`, `scan`, `while_loop`), no gather/scatter,
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stacklib.transforms.core import Primitive, ShapedArray
+from stacklib.transforms.core import Primitive, ShapedArray, get_aval
 
 # --------------------------------------------------------------------------- elementwise
 
@@ -237,25 +238,35 @@ def _dot_general_aval(lhs: ShapedArray, rhs: ShapedArray, *, dimension_numbers) 
 # --------------------------------------------------------------------------- wrappers
 
 
+def _weak(x, y):
+    """Python scalars take the dtype of the other operand, as JAX's weakly typed scalars do."""
+    scalars = (bool, int, float)
+    if isinstance(x, scalars) and not isinstance(y, scalars):
+        x = np.asarray(x, dtype=get_aval(y).dtype)
+    elif isinstance(y, scalars) and not isinstance(x, scalars):
+        y = np.asarray(y, dtype=get_aval(x).dtype)
+    return x, y
+
+
 def neg(x): return neg_p.bind(x)
 def sin(x): return sin_p.bind(x)
 def cos(x): return cos_p.bind(x)
 def exp(x): return exp_p.bind(x)
 def log(x): return log_p.bind(x)
 def tanh(x): return tanh_p.bind(x)
-def add(x, y): return add_p.bind(x, y)
-def sub(x, y): return sub_p.bind(x, y)
-def mul(x, y): return mul_p.bind(x, y)
-def div(x, y): return div_p.bind(x, y)
-def max(x, y): return max_p.bind(x, y)  # shadows the builtin, as jax.lax.max does
-def min(x, y): return min_p.bind(x, y)
-def pow(x, y): return pow_p.bind(x, y)
-def gt(x, y): return gt_p.bind(x, y)
-def lt(x, y): return lt_p.bind(x, y)
-def ge(x, y): return ge_p.bind(x, y)
-def le(x, y): return le_p.bind(x, y)
-def eq(x, y): return eq_p.bind(x, y)
-def ne(x, y): return ne_p.bind(x, y)
+def add(x, y): return add_p.bind(*_weak(x, y))
+def sub(x, y): return sub_p.bind(*_weak(x, y))
+def mul(x, y): return mul_p.bind(*_weak(x, y))
+def div(x, y): return div_p.bind(*_weak(x, y))
+def max(x, y): return max_p.bind(*_weak(x, y))  # shadows the builtin, as jax.lax.max does
+def min(x, y): return min_p.bind(*_weak(x, y))
+def pow(x, y): return pow_p.bind(*_weak(x, y))
+def gt(x, y): return gt_p.bind(*_weak(x, y))
+def lt(x, y): return lt_p.bind(*_weak(x, y))
+def ge(x, y): return ge_p.bind(*_weak(x, y))
+def le(x, y): return le_p.bind(*_weak(x, y))
+def eq(x, y): return eq_p.bind(*_weak(x, y))
+def ne(x, y): return ne_p.bind(*_weak(x, y))
 def integer_pow(x, y: int): return integer_pow_p.bind(x, y=int(y))
 def select_n(predicate, on_false, on_true): return select_n_p.bind(predicate, on_false, on_true)
 def convert_element_type(x, new_dtype): return convert_element_type_p.bind(x, new_dtype=np.dtype(new_dtype))

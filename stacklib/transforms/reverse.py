@@ -145,6 +145,11 @@ def backward_pass(linear: ClosedJaxpr, cotangents_out: Sequence[Any]) -> list[An
                 "rule(ct, *inputs, **params) returns one cotangent per input (None for constants)."
             )
         for var, ct_in in zip(eqn.invars, rule(ct, *invals, **eqn.params), strict=True):
+            if ct_in is not None and id(var) in linear_vars and get_aval(ct_in) != var.aval:
+                raise ValueError(
+                    f"The transpose rule of '{eqn.primitive.name}' returned a cotangent of type "
+                    f"{get_aval(ct_in).str_short()} for an input of type {var.aval.str_short()}: a "
+                    "cotangent must have exactly the shape and dtype of the input it belongs to.")
             add_cotangent(var, ct_in)
     return [cts[id(v)] if id(v) in cts else core.zeros_like_aval(v.aval) for v in jaxpr.invars]
 
