@@ -3,6 +3,10 @@
 Our `jit` interprets the staged jaxpr with NumPy, one call per equation; `jax.jit`
 compiles it with XLA. The ratios say what interpretation costs against compilation,
 and what staging saves against re-tracing on every call (our eager `grad`).
+
+On a busy machine with few cores, NumPy's multithreaded BLAS (OpenBLAS) can be many times
+slower than single-threaded, because its spinning threads fight the other processes for
+the cores: for stable numbers there, run with OPENBLAS_NUM_THREADS=1.
 """
 
 import jax
@@ -31,12 +35,11 @@ def main(scale: float = 1.0) -> None:
 
     ours_eager = st.grad(_loss(tnp))
     ours_jit = st.jit(st.grad(_loss(tnp)))
-    theirs_jit = jax.jit(jax.grad(_loss(jnp)))
-    for a, b in zip(ours_jit(params, x, y), theirs_jit(params, x, y), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
-
     eager_s = median_seconds(lambda: ours_eager(params, x, y))
     jit_s = median_seconds(lambda: ours_jit(params, x, y))
+    theirs_jit = jax.jit(jax.grad(_loss(jnp)))
     xla_s = median_seconds(lambda: jax.block_until_ready(theirs_jit(params, x, y)))
+    for a, b in zip(ours_jit(params, x, y), theirs_jit(params, x, y), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     print_ratio("our jit vs our eager grad", jit_s, eager_s, "our eager grad")
     print_ratio("our jit vs jax.jit", jit_s, xla_s, "jax.jit")
