@@ -79,12 +79,11 @@ def _broadcast_to_shape(x: Any, shape: tuple[int, ...]) -> Any:
     return lax.broadcast_in_dim(x, shape, tuple(range(leading, len(shape))))
 
 
-def _elementwise(name: str, *args: Any, keep_scalars: bool = True) -> list[Any]:
+def _elementwise(name: str, *args: Any) -> list[Any]:
     """Promote, then broadcast; rank-0 operands stay rank-0 (the primitives accept them)."""
     args = _promote(*args)
     shape = _broadcast_shapes(name, *args)
-    return [x if keep_scalars and get_aval(x).ndim == 0 else _broadcast_to_shape(x, shape)
-            for x in args]
+    return [x if get_aval(x).ndim == 0 else _broadcast_to_shape(x, shape) for x in args]
 
 
 def _normalize_axes(axis: int | Sequence[int] | None, ndim: int, name: str) -> tuple[int, ...]:
