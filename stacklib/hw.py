@@ -46,6 +46,20 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"n": 8192, "repeats": 20},
         "tpu": {"n": 8192, "repeats": 20},
     },
+    # Chapter 01: forward vs reverse mode as the input dimension grows to `max_dim`
+    # (inputs x of size n, a hidden layer of `hidden` units), timed with our NumPy evaluator
+    # (which runs on the host CPU on every backend).
+    "transforms_cost": {
+        "cpu": {"max_dim": 1024, "hidden": 32},
+        "gpu": {"max_dim": 2048, "hidden": 64},
+        "tpu": {"max_dim": 2048, "hidden": 64},
+    },
+    # Chapter 01: the gradient of an MLP loss, eager vs staged (NumPy) vs compiled by XLA.
+    "transforms_mlp": {
+        "cpu": {"batch": 32, "width": 32, "repeats": 20},
+        "gpu": {"batch": 512, "width": 512, "repeats": 20},
+        "tpu": {"batch": 512, "width": 512, "repeats": 20},
+    },
     # Chapter 07: the MLP trained with each sharding strategy on an 8-device mesh (on a
     # one-chip runtime the mesh is 8 simulated CPU devices, so accelerator rows stay modest).
     "sharded_mlp": {

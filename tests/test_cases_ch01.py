@@ -1,0 +1,178 @@
+"""Chapter 01's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import numpy as np
+import pytest
+
+import stacklib.transforms as st
+from stacklib.grading import grade
+from stacklib.transforms import batching, forward, lax, reverse
+
+# --------------------------------------------------------------------------- right answers
+
+
+def tanh_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = lax.tanh(x)
+    return y, lax.mul(t, lax.sub(1.0, lax.integer_pow(y, 2)))
+
+
+def reduce_sum_transpose(ct, operand, *, axes):
+    shape = operand.aval.shape
+    return [lax.broadcast_in_dim(ct, shape, [d for d in range(len(shape)) if d not in axes])]
+
+
+def reduce_sum_batch(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    out = lax.reduce_sum(x, [a + (a >= d) for a in axes])
+    return out, d - sum(a < d for a in axes)
+
+
+def define_logistic(logistic_p):
+    logistic_p.def_impl(lambda x: 1.0 / (1.0 + np.exp(-x)))
+    logistic_p.def_abstract_eval(lambda x: x)
+
+    def jvp_rule(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = logistic_p.bind(x)
+        return y, t * y * (1.0 - y)
+
+    def batch_rule(batched_args, batch_dims):
+        return logistic_p.bind(batched_args[0]), batch_dims[0]
+
+    forward.primitive_jvps[logistic_p] = jvp_rule
+    batching.primitive_batchers[logistic_p] = batch_rule
+
+
+def jacfwd(f):
+    def jacobian(x):
+        return st.vmap(lambda v: st.jvp(f, (x,), (v,))[1], out_axes=-1)(np.eye(x.size))
+    return jacobian
+
+
+RIGHT = {
+    "01.tanh_jvp": tanh_jvp,
+    "01.reduce_sum_transpose": reduce_sum_transpose,
+    "01.reduce_sum_batch": reduce_sum_batch,
+    "01.logistic": define_logistic,
+    "01.jacfwd": jacfwd,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+def test_the_rule_tables_are_restored_after_grading():
+    tables = [dict(forward.primitive_jvps), dict(reverse.primitive_transposes),
+              dict(batching.primitive_batchers)]
+    for exercise_id, answer in RIGHT.items():
+        grade(exercise_id, answer)
+    assert tables == [forward.primitive_jvps, reverse.primitive_transposes, batching.primitive_batchers]
+
+
+# --------------------------------------------------------------------------- planted wrong answers
+
+
+def tanh_jvp_forgets_the_square(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = lax.tanh(x)
+    return y, lax.mul(t, lax.sub(1.0, y))
+
+
+def tanh_jvp_with_numpy(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = np.tanh(x)  # fine on concrete values, fails once x is a tracer (grad of grad)
+    return y, lax.mul(t, 1.0 - y**2)
+
+
+def tanh_jvp_without_the_tangent(primals, tangents):
+    (x,), _ = primals, tangents
+    y = lax.tanh(x)
+    return y, lax.sub(1.0, lax.integer_pow(y, 2))  # the derivative, not the derivative times t
+
+
+def transpose_without_broadcast(ct, operand, *, axes):
+    return [ct]
+
+
+def transpose_with_numpy_broadcasting(ct, operand, *, axes):
+    return [st.numpy.broadcast_to(ct, operand.aval.shape)]  # right only when leading axes are summed
+
+
+def batch_without_shifting(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, axes), d
+
+
+def batch_keeping_the_batch_dim(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + (a >= d) for a in axes]), d  # right only if nothing before d is summed
+
+
+def logistic_with_a_scalar_type(logistic_p):
+    define_logistic(logistic_p)
+    logistic_p.def_abstract_eval(lambda x: st.ShapedArray((), x.dtype))
+
+
+def logistic_jvp_with_numpy(logistic_p):
+    define_logistic(logistic_p)
+
+    def jvp_rule(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = 1.0 / (1.0 + np.exp(-x))  # NumPy: breaks under jit
+        return y, t * y * (1.0 - y)
+
+    forward.primitive_jvps[logistic_p] = jvp_rule
+
+
+def logistic_batched_at_zero(logistic_p):
+    define_logistic(logistic_p)
+    batching.primitive_batchers[logistic_p] = lambda args, dims: (logistic_p.bind(args[0]), 0)
+
+
+def jacfwd_with_a_loop(f):
+    def jacobian(x):
+        return np.stack([st.jvp(f, (x,), (e,))[1] for e in np.eye(x.size)], axis=-1)
+    return jacobian
+
+
+def jacfwd_transposed(f):
+    def jacobian(x):
+        return st.vmap(lambda v: st.jvp(f, (x,), (v,))[1])(np.eye(x.size))  # (inputs, outputs)
+    return jacobian
+
+
+# (exercise, planted wrong answer, points it should still get)
+WRONG = [
+    ("01.tanh_jvp", tanh_jvp_forgets_the_square, 0),
+    ("01.tanh_jvp", tanh_jvp_with_numpy, 3),
+    ("01.tanh_jvp", tanh_jvp_without_the_tangent, 0),
+    ("01.reduce_sum_transpose", transpose_without_broadcast, 0),
+    ("01.reduce_sum_transpose", transpose_with_numpy_broadcasting, 3),
+    ("01.reduce_sum_batch", batch_without_shifting, 0),
+    ("01.reduce_sum_batch", batch_keeping_the_batch_dim, 1),
+    ("01.logistic", logistic_with_a_scalar_type, 4),
+    ("01.logistic", logistic_jvp_with_numpy, 5),
+    ("01.logistic", logistic_batched_at_zero, 5),
+    ("01.jacfwd", jacfwd_with_a_loop, 3),
+    ("01.jacfwd", jacfwd_transposed, 2),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points", WRONG, ids=[w[1].__name__ for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points
+
+
+def test_an_untouched_exercise_reports_not_implemented():
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for exercise_id in RIGHT:
+        result = grade(exercise_id, stub)
+        assert result.points == 0
+        assert all(c.status == "not implemented" for c in result.cases), exercise_id
