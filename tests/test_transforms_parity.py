@@ -18,7 +18,6 @@ import stacklib.transforms as st
 import stacklib.transforms.numpy as tnp
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def float64_jax():
     """Run this module's jax side in float64, without switching it on for other test files
