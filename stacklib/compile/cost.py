@@ -141,7 +141,9 @@ def _nbytes(aval: Any) -> int:
     shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return 0
-    return math.prod(shape) * np.dtype(dtype).itemsize
+    # np.dtype() refuses JAX's extended dtypes (PRNG keys), which carry their own itemsize.
+    itemsize = dtype.itemsize if hasattr(dtype, "itemsize") else np.dtype(dtype).itemsize
+    return math.prod(shape) * itemsize
 
 
 def _size(aval: Any) -> int:
