@@ -30,7 +30,10 @@ def test_a_matmul_costs_two_flops_per_multiply_add():
 
 
 def test_a_batched_einsum_counts_the_batch_dimension():
-    cost = cost_analysis(lambda a, b: jnp.einsum("bik,bkj->bij", a, b), jnp.ones((3, 5, 7)), jnp.ones((3, 7, 2)))
+    def batched(a, b):
+        return jnp.einsum("bik,bkj->bij", a, b)
+
+    cost = cost_analysis(batched, jnp.ones((3, 5, 7)), jnp.ones((3, 7, 2)))
     assert cost.flops == 2 * 3 * 5 * 7 * 2
 
 
@@ -55,7 +58,8 @@ def test_a_reduction_costs_one_flop_per_element_beyond_the_first_of_each_output(
     assert cost.flops == 10 * 99
 
 
-@pytest.mark.parametrize("y, multiplies", [(0, 0), (1, 0), (2, 1), (3, 2), (4, 2), (7, 4), (8, 3), (-1, 1), (-3, 3)])
+@pytest.mark.parametrize("y, multiplies",
+                         [(0, 0), (1, 0), (2, 1), (3, 2), (4, 2), (7, 4), (8, 3), (-1, 1), (-3, 3)])
 def test_integer_pow_counts_the_multiplies_of_square_and_multiply(y, multiplies):
     x = jnp.ones((5,))
     assert cost_analysis(lambda v: lax.integer_pow(v, y), x).flops == multiplies * x.size
@@ -183,13 +187,16 @@ ENTRY %main (x: f32[4], i: s32[]) -> (f32[4], s32[]) {
 
 
 def test_a_gpu_style_gemm_custom_call_is_counted_from_its_contracting_dims():
-    text = """HloModule jit_mm
+    config = ('{"gemm_backend_config":{"dot_dimension_numbers":'
+              '{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}')
+    target = "__cublas$gemm"
+    text = f"""HloModule jit_mm
 
-ENTRY %main (a: f32[32,64], b: f32[64,16]) -> f32[32,16] {
-  %a = f32[32,64]{1,0} parameter(0)
-  %b = f32[64,16]{1,0} parameter(1)
-  ROOT %gemm = f32[32,16]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
-}
+ENTRY %main (a: f32[32,64], b: f32[64,16]) -> f32[32,16] {{
+  %a = f32[32,64]{{1,0}} parameter(0)
+  %b = f32[64,16]{{1,0}} parameter(1)
+  ROOT %gemm = f32[32,16]{{1,0}} custom-call(%a, %b), custom_call_target="{target}", backend_config={config}
+}}
 """
     assert op_costs(text)["gemm"].flops == 2 * 32 * 64 * 16
 
@@ -278,3 +285,13 @@ def test_the_watcher_counts_compilations_and_stops_listening_on_exit():
 def test_track_compiles_rejects_a_non_function():
     with pytest.raises(TypeError, match="needs a function"):
         track_compiles("f")
+
+
+def test_a_tracked_function_counts_its_own_compilations_even_if_jax_compiled_it_before():
+    def double(x):
+        return 2 * x
+
+    jax.jit(double)(jnp.ones(3))  # JAX would reuse this program for another jax.jit(double)
+    tracked = track_compiles(double)
+    tracked(jnp.ones(3))
+    assert tracked.compile_count == 1 and tracked.compilations[0].reason == "first call"

@@ -33,7 +33,8 @@ EXACT_CASES = {
     "logsumexp": (lambda a: jax.nn.logsumexp(a, -1), X),
     "layer norm": (lambda a: (a - a.mean(-1, keepdims=True)) * lax.rsqrt(a.var(-1, keepdims=True) + 1e-5), X),
     "matmul": (lambda a, b: a @ b.T, X, Y),
-    "batched einsum": (lambda a, b: jnp.einsum("bik,bkj->bij", a, b), X.reshape(10, 10, 10), Y.reshape(10, 10, 10)),
+    "batched einsum": (lambda a, b: jnp.einsum("bik,bkj->bij", a, b), X.reshape(10, 10, 10),
+                       Y.reshape(10, 10, 10)),
     "sort": (lambda a: jnp.sort(a, 1), X),
     "scatter-add": (lambda a, i: a.at[i].add(1.0), X, jnp.array([1, 3, 5])),
     "gather": (lambda a, i: a[i], X, jnp.array([1, 3, 5])),
@@ -57,7 +58,7 @@ def _scan(a):
 
 DIFFERENT_CASES = [
     # (name, fn, args, how ours compares with XLA's unoptimized count, why)
-    ("cumsum", lambda a: jnp.cumsum(a, 1), (X,), "lower", "n - 1 steps per row, not the O(n^2) reduce_window"),
+    ("cumsum", lambda a: jnp.cumsum(a, 1), (X,), "lower", "n - 1 steps a row, not the O(n^2) reduce_window"),
     ("erf_inv", jax.scipy.special.erfinv, (X,), "lower", "XLA counts the polynomial JAX lowers it to"),
     ("conv SAME", lambda a, k: lax.conv_general_dilated(a, k, (1, 1), "SAME"),
      (jnp.ones((2, 3, 16, 16)), jnp.ones((4, 3, 3, 3))), "higher", "ours counts taps in the padding"),
@@ -65,7 +66,8 @@ DIFFERENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, fn, args, direction, why", DIFFERENT_CASES, ids=[c[0] for c in DIFFERENT_CASES])
+@pytest.mark.parametrize("name, fn, args, direction, why", DIFFERENT_CASES,
+                         ids=[c[0] for c in DIFFERENT_CASES])
 def test_documented_differences_go_the_documented_way(name, fn, args, direction, why):
     xla = jax.jit(fn).lower(*args).cost_analysis()["flops"]
     ours = cost_analysis(fn, *args).flops
@@ -174,7 +176,8 @@ class _Messages(logging.Handler):
     ((jnp.ones(3),), (jnp.ones(3, jnp.int32),), "x", "i32[3]", "f32[3]"),
     (({"w": jnp.ones(3)},), ({"w": jnp.ones((3, 2))},), "x['w']", "f32[3,2]", "f32[3]"),
 ])
-def test_the_reason_names_the_same_argument_and_types_as_jax_explain_cache_misses(first, second, path, now, before):
+def test_the_reason_names_the_same_argument_and_types_as_jax_explain_cache_misses(
+        first, second, path, now, before):
     def f(x):
         return jax.tree.map(lambda v: v + 1, x)
 

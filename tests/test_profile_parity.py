@@ -50,7 +50,10 @@ def test_the_json_trace_and_profile_data_give_the_same_op_events(capture, json_f
     files, _ = capture
     from_json = load_trace(getattr(files, json_file))
     from_xplane = load_xplane(files.xplane)  # jax.profiler.ProfileData reads the protobuf
-    assert [(e.name, e.module, e.run_id) for e in from_json] == [(e.name, e.module, e.run_id) for e in from_xplane]
+    def identities(events):
+        return [(e.name, e.module, e.run_id) for e in events]
+
+    assert identities(from_json) == identities(from_xplane)
     for ours, theirs in zip(from_json, from_xplane, strict=True):
         # The JSON stores microseconds with 3 decimals (nanoseconds); the protobuf integers of ns.
         assert ours.duration_us == pytest.approx(theirs.duration_us, abs=1e-3)

@@ -22,6 +22,9 @@ Differences from JAX:
     is our reconstruction from the arguments, which names the same argument as JAX.
   * Static arguments are compared by `==` and shown by `repr`, as JAX hashes them; a
     static argument that is not hashable fails in `jax.jit` itself, with its message.
+  * Each tracked function starts with an empty cache. JAX shares compiled programs
+    between `jax.jit` wrappers of one function, so `jax.jit(f)` may reuse a program an
+    earlier `jax.jit(f)` compiled; `track_compiles(f)` compiles its own.
 """
 
 from __future__ import annotations
@@ -109,9 +112,17 @@ class TrackedFunction:
     def __init__(self, fn: Callable, **jit_kwargs: Any):
         if not callable(fn):
             raise TypeError(f"track_compiles needs a function, got {type(fn).__name__}.")
-        self._jitted = jax.jit(fn, **jit_kwargs)
+        # JAX shares compiled programs between jax.jit wrappers of the same function, so
+        # a signature compiled elsewhere would not compile here and the count would say
+        # nothing about this function's own cache. A fresh function object starts empty.
+        @functools.wraps(fn)
+        def fresh(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        fresh.__name__ = _function_name(fn)  # wraps() finds no __name__ on a functools.partial
+        self._jitted = jax.jit(fresh, **jit_kwargs)
         self.__wrapped__ = fn
-        self.name = f"jit({_function_name(fn)})"  # how JAX's compile events name it
+        self.name = f"jit({fresh.__name__})"  # how JAX's compile events name it
         self._parameters = inspect.signature(fn)
         static = set(jit_kwargs.get("static_argnames") or ())
         static_argnums = jit_kwargs.get("static_argnums") or ()
@@ -157,7 +168,8 @@ class TrackedFunction:
                     found.append(f"at {path}: now {now}, before {then}")
             return found
 
-        closest = min((differences(before) for before in self._seen), key=len)
+        # The fewest differences; among equals the most recent, the likeliest to be meant.
+        closest = min((differences(before) for before in reversed(self._seen)), key=len)
         return "; ".join(closest) or "same signature (the compiled program was evicted from the cache)"
 
     def __call__(self, *args, **kwargs):
