@@ -66,7 +66,7 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "tpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
     },
     "profile_peaks": {
-        "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 5},
+        "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 20},
         "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 10},
         "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 10},
     },
