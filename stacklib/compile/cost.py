@@ -87,15 +87,15 @@ _HAS_COMBINER = _SCATTER_COMBINING | {"scatter", "reduce", "reduce_window", "sel
 
 # No FLOPs, but the result is materialized (read the operand, write the result).
 _DATA_MOVEMENT = frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice",
+    "broadcast_in_dim", "reshape", "squeeze", "transpose", "slice",
     "dynamic_slice", "dynamic_update_slice", "gather", "scatter", "concatenate", "pad", "rev",
-    "iota", "copy", "copy_p", "tile", "split", "bitcast_convert_type", "device_put",
+    "iota", "copy", "tile", "split", "bitcast_convert_type", "device_put",
     "select_and_gather_add", "psum", "pmax", "pmin", "all_gather", "all_to_all",
     "reduce_scatter", "ppermute",
 })
 # Annotations that vanish when lowered: no FLOPs, no bytes.
-_FREE = frozenset({"stop_gradient", "optimization_barrier", "sharding_constraint",
-                   "mesh_cast", "reshard", "pvary", "axis_index", "name"})
+_FREE = frozenset({"stop_gradient", "optimization_barrier", "sharding_constraint", "reshard",
+                   "shard_alike", "layout_cast", "pvary", "axis_index", "name"})
 
 
 @dataclasses.dataclass(frozen=True)
