@@ -67,8 +67,8 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
     },
     "profile_peaks": {
         "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 20},
-        "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 10},
-        "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 10},
+        "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
+        "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
     },
 }
 
