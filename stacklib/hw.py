@@ -73,6 +73,30 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
         "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
     },
+    # Chapter 06: a transformer block (batch, sequence, width, heads) whose programs we
+    # read and count, and the length of the elementwise chain that shows what fusion saves.
+    "compiler_block": {
+        "cpu": {"batch": 8, "seq": 64, "d_model": 128, "heads": 4},
+        "gpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
+        "tpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
+    },
+    "compiler_fusion": {
+        "cpu": {"n": 1 << 22, "repeats": 5},
+        "gpu": {"n": 1 << 27, "repeats": 10},
+        "tpu": {"n": 1 << 27, "repeats": 10},
+    },
+    # Chapter 08: the training step we profile, and the sizes that measure the peaks
+    # (the matmul's n; the largest array, in MB, of the bandwidth sweep).
+    "profile_step": {
+        "cpu": {"batch": 16, "seq": 128, "d_model": 128, "heads": 4, "steps": 3},
+        "gpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
+        "tpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
+    },
+    "profile_peaks": {
+        "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 20},
+        "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
+        "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
+    },
 }
 
 
