@@ -142,6 +142,21 @@ def _small_block_permutation(max_index: int, seed: int, rounds: int) -> np.ndarr
     return hop[cipher[: max_index + 1]]
 
 
+def _shuffle_one(index: int, max_index: int, seed: int, rounds: int) -> int:
+    if not 0 <= index <= max_index:
+        raise ValueError(f"index must lie in [0, {max_index}], got {index}.")
+    if max_index == 0:
+        return 0
+    bits = block_bits(max_index)
+    if bits == _MIN_BLOCK_BITS:
+        return int(_small_block_permutation(max_index, seed, rounds)[index])
+    keys = seed_seq_words(seed, rounds)
+    while True:  # blocks of >= 18 bits hold at most 4x max_index: a few steps
+        index = encrypt(index, keys, bits // 2)
+        if index <= max_index:
+            return index
+
+
 def index_shuffle(index, max_index: int, seed: int, rounds: int = 4):
     """The position of `index` in a seeded permutation of [0, max_index].
 
@@ -163,22 +178,17 @@ def index_shuffle(index, max_index: int, seed: int, rounds: int = 4):
         outside [0, max_index].
     """
     _check(max_index, seed, rounds)
+    if isinstance(index, int | np.integer):  # one index: plain Python ints, no array overhead
+        return _shuffle_one(int(index), max_index, seed, rounds)
     indices = np.asarray(index)
     if indices.size and (indices.min() < 0 or indices.max() > max_index):
         raise ValueError(f"index must lie in [0, {max_index}], got {index}.")
     if max_index == 0:
-        return 0 if indices.ndim == 0 else np.zeros(indices.shape, np.int64)
+        return np.zeros(indices.shape, np.int64)
     bits = block_bits(max_index)
     if bits == _MIN_BLOCK_BITS:
-        table = _small_block_permutation(max_index, seed, rounds)
-        return int(table[index]) if indices.ndim == 0 else table[indices]
+        return _small_block_permutation(max_index, seed, rounds)[indices]
     keys = seed_seq_words(seed, rounds)
-    if indices.ndim == 0:
-        value = int(index)
-        while True:  # blocks of >= 18 bits hold at most 4x max_index: a few steps
-            value = encrypt(value, keys, bits // 2)
-            if value <= max_index:
-                return value
     values = encrypt(indices.astype(np.uint64).ravel(), keys, bits // 2)
     result = np.empty(values.shape, np.int64)
     pending = np.arange(values.size)
