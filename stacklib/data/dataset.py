@@ -109,7 +109,7 @@ class MapDataset(abc.ABC):
 
     # Transformations: each returns a new dataset; `self` never changes.
 
-    def shuffle(self, seed: int) -> MapDataset:
+    def shuffle(self, seed: int | None = None) -> MapDataset:
         """The same elements in a seeded global order, reshuffled each epoch (see `shuffle.py`)."""
         from stacklib.data.shuffle import ShuffleMapDataset
 
@@ -133,7 +133,9 @@ class MapDataset(abc.ABC):
 
         return MapMapDataset(self, transform)
 
-    def random_map(self, transform: Callable[[Any, np.random.Generator], Any], *, seed: int) -> MapDataset:
+    def random_map(
+        self, transform: Callable[[Any, np.random.Generator], Any], *, seed: int | None = None
+    ) -> MapDataset:
         """`transform(element, rng)`, with an `rng` that depends only on `seed` and the index."""
         from stacklib.data.map import RandomMapMapDataset
 

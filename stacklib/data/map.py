@@ -86,7 +86,7 @@ class RandomMapMapDataset(MapMapDataset):
     """
 
     def __init__(
-        self, parent: MapDataset, transform: Callable[[Any, np.random.Generator], Any], *, seed: int
+        self, parent: MapDataset, transform: Callable[[Any, np.random.Generator], Any], *, seed: int | None
     ):
         super().__init__(parent, transform)
         if not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:

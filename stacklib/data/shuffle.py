@@ -39,7 +39,7 @@ class ShuffleMapDataset(MapDataset):
       ValueError: the seed is missing or out of range.
     """
 
-    def __init__(self, parent: MapDataset, *, seed: int):
+    def __init__(self, parent: MapDataset, *, seed: int | None):
         super().__init__(parent)
         if not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
             raise ValueError(

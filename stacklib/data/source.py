@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from stacklib.data.dataset import MapDataset
+from stacklib.data.dataset import IterDataset, MapDataset
+from stacklib.data.options import ReadOptions
 
 
 class SourceMapDataset(MapDataset):
@@ -70,10 +71,10 @@ class RangeMapDataset(MapDataset):
     def _source_index(self, index: int) -> int:
         return index % len(self._range)
 
-    def to_iter_dataset(self, read_options=None, *, allow_nones: bool = False):
+    def to_iter_dataset(
+        self, read_options: ReadOptions | None = None, *, allow_nones: bool = False
+    ) -> IterDataset:
         # As in grain: computing an integer is cheaper than handing it to a thread.
-        from stacklib.data.options import ReadOptions
-
         return super().to_iter_dataset(read_options or ReadOptions(prefetch_buffer_size=0),
                                        allow_nones=allow_nones)
 
