@@ -168,7 +168,7 @@ def keeping_zero_keeps_nothing(keep):
 
 async_save = Exercise("05.async_save", "An asynchronous saver: snapshot on the caller, write in a thread")
 
-_BLOCKED_WRITE_S = 5.0  # how long a blocked write waits for the case to release it
+_BLOCKED_WRITE_S = 2.0  # how long a blocked write waits for the case to release it
 
 
 def _tree():
