@@ -97,6 +97,31 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
         "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
     },
+    # Chapter 04: records through a CPU-heavy map (`work` loop iterations, ~1 ms per
+    # 20k on a laptop core) with up to `max_workers` threads or worker processes.
+    "pipeline_throughput": {
+        "cpu": {"records": 300, "work": 20_000, "max_workers": 2},
+        "gpu": {"records": 3000, "work": 20_000, "max_workers": 8},
+        "tpu": {"records": 3000, "work": 20_000, "max_workers": 8},
+    },
+    # Chapter 04: linear regression on a pipeline with one corrupted record (one epoch).
+    "loss_spike": {
+        "cpu": {"records": 2048, "batch_size": 32, "features": 16},
+        "gpu": {"records": 65536, "batch_size": 256, "features": 256},
+        "tpu": {"records": 65536, "batch_size": 256, "features": 256},
+    },
+    # Chapter 05: the pytree saved to compare synchronous and asynchronous saves.
+    "checkpoint_async": {
+        "cpu": {"megabytes": 48, "repeats": 3},
+        "gpu": {"megabytes": 1024, "repeats": 3},
+        "tpu": {"megabytes": 1024, "repeats": 3},
+    },
+    # Chapter 05: the run that is killed mid-epoch and resumed (stacklib._examples).
+    "resumable_training": {
+        "cpu": {"records": 512, "batch_size": 32, "width": 64, "steps": 48, "save_every": 4},
+        "gpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
+        "tpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
+    },
 }
 
 

@@ -1,0 +1,193 @@
+"""Chapter 04 exercises: an index shuffle, batching with a remainder, iterator state, an even split."""
+
+import json
+
+import numpy as np
+
+import stacklib.data as sd
+from stacklib.grading import Exercise, expect, expect_equal
+
+# 04.index_shuffle -----------------------------------------------------------------------
+
+index_shuffle = Exercise("04.index_shuffle", "A permutation computed one index at a time")
+
+
+def _order(position, n, seed):
+    return [int(position(i, n, seed)) for i in range(n)]
+
+
+@index_shuffle.case(points=2, hint="Two indices must never land on the same position: use a bijection "
+                                   "(a Feistel network on b bits) and cycle-walk: while the result is >= n, "
+                                   "apply it again.")
+def is_a_permutation_of_every_length(position):
+    for n in (1, 2, 3, 10, 100, 1000):
+        for seed in (0, 1):
+            order = _order(position, n, seed)
+            missing = sorted(set(range(n)) - set(order))[:5]
+            expect(sorted(order) == list(range(n)),
+                   f"n={n}, seed={seed}: not a permutation of range({n}); e.g. never produced {missing}")
+
+
+@index_shuffle.case(hint="The position must depend only on (index, n, seed), and the seed must change it.")
+def is_deterministic_and_depends_on_the_seed(position):
+    first, again = _order(position, 100, 3), _order(position, 100, 3)
+    expect(first == again, "two calls with seed 3 gave different orders")
+    expect(_order(position, 100, 3) != _order(position, 100, 4), "seeds 3 and 4 gave the same order")
+
+
+@index_shuffle.case(points=2, hint="A rotation or a multiplication modulo n is a permutation but not a "
+                                   "shuffle: neighbouring indices must not land a fixed distance apart.")
+def looks_shuffled(position):
+    order = np.array(_order(position, 1000, 0))
+    steps = len(set(np.diff(order) % 1000))
+    fixed = int((order == np.arange(1000)).sum())
+    correlation = abs(np.corrcoef(np.arange(1000), order)[0, 1])
+    expect(steps > 100, f"consecutive indices land only {steps} distinct distances apart: that is a pattern")
+    expect(fixed < 20, f"{fixed} of 1000 indices stay where they are")
+    expect(correlation < 0.2, f"position and index are correlated (|r| = {correlation:.2f})")
+
+
+@index_shuffle.case(points=2, time_limit_s=5, hint="Do not build the permutation: 10**12 indices do "
+                                                   "not fit in memory. Compute only the index asked for.")
+def answers_one_index_of_a_trillion(position):
+    n = 10**12
+    positions = [int(position(i, n, 5)) for i in (0, 1, 2, 123_456_789, n - 1)]
+    expect(all(0 <= p < n for p in positions), f"positions {positions} are not all in [0, 10**12)")
+    expect(len(set(positions)) == len(positions), f"different indices gave the same position: {positions}")
+
+
+# 04.batch -------------------------------------------------------------------------------
+
+batch = Exercise("04.batch", "Batching with a remainder")
+
+
+def _reference_batches(records, batch_size, drop_remainder):
+    return list(sd.MapDataset.source(records).batch(batch_size, drop_remainder=drop_remainder))
+
+
+@batch.case(hint="Batch j holds records j*b ... min((j+1)*b, n) - 1, stacked with np.stack.")
+def keeps_the_remainder_by_default(make_batches):
+    expect_equal(make_batches(list(range(10)), 4), _reference_batches(list(range(10)), 4, False),
+                 what="make_batches(range(10), 4)")
+
+
+@batch.case(hint="With drop_remainder=True there are n // b batches.")
+def drops_the_remainder_when_asked(make_batches):
+    expect_equal(make_batches(list(range(10)), 4, drop_remainder=True),
+                 _reference_batches(list(range(10)), 4, True), what="make_batches(..., drop_remainder=True)")
+
+
+@batch.case(hint="Stack each field of dict records separately: {'x': (b, ...), 'y': (b,)}; keep the dtypes.")
+def stacks_dict_records_field_by_field(make_batches):
+    records = [{"x": np.full(3, i, np.float16), "y": np.int32(i)} for i in range(5)]
+    expect_equal(make_batches(records, 2), _reference_batches(records, 2, False), what="batches of dicts")
+
+
+@batch.case(hint="ceil(n / b) batches: 10 records in batches of 5 make 2, not 3; 3 records in batches of 8 "
+                 "make one short batch, or none with drop_remainder.")
+def has_no_empty_batch_at_exact_multiples(make_batches):
+    got = make_batches(list(range(10)), 5)
+    expect(len(got) == 2, f"10 records, batch size 5: expected 2 batches, got {len(got)}")
+    expect_equal(make_batches([1, 2, 3], 8), [np.array([1, 2, 3])], what="make_batches([1, 2, 3], 8)")
+    expect(make_batches([1, 2, 3], 8, drop_remainder=True) == [],
+           "3 records, batch size 8, drop_remainder=True: expected no batches")
+
+
+# 04.iterator_state ----------------------------------------------------------------------
+
+iterator_state = Exercise("04.iterator_state", "A batching iterator that can be saved and restored")
+
+_WITH_HOLES = [0, None, 2, 3, None, 5, 6, None, None, 9, 10]
+_EXPECTED = [[0, 2], [3, 5], [6, 9], [10]]
+
+
+@iterator_state.case(hint="Skip None elements (filtered out); the last batch may be short; "
+                          "then raise StopIteration.")
+def iterates_batches_skipping_nones(BatchIterator):
+    got = [list(b) for b in BatchIterator(_WITH_HOLES, 2)]
+    expect(got == _EXPECTED, f"expected {_EXPECTED}, got {got}")
+
+
+@iterator_state.case(points=2, hint="Store the index of the next element to read (not the number of batches: "
+                                    "Nones make batches span more elements than batch_size).")
+def a_restored_iterator_continues_exactly_at_every_step(BatchIterator):
+    iterator = BatchIterator(_WITH_HOLES, 2)
+    for consumed in range(len(_EXPECTED) + 1):
+        state = json.loads(json.dumps(iterator.get_state()))
+        fresh = BatchIterator(_WITH_HOLES, 2)
+        fresh.set_state(state)
+        rest = [list(b) for b in fresh]
+        expect(rest == _EXPECTED[consumed:],
+               f"restored after {consumed} batches: expected {_EXPECTED[consumed:]}, got {rest}")
+        if consumed < len(_EXPECTED):
+            next(iterator)
+
+
+@iterator_state.case(hint="The state is a small dict of numbers, not the elements themselves.")
+def the_state_is_small_json(BatchIterator):
+    iterator = BatchIterator(list(range(1000)), 10)
+    next(iterator)
+    text = json.dumps(iterator.get_state())
+    expect(len(text) < 200, f"the state of a 1000-element iterator is {len(text)} characters of JSON")
+
+
+@iterator_state.case(hint="set_state must also move an iterator that has already run (rewind it).")
+def set_state_rewinds_a_running_iterator(BatchIterator):
+    iterator = BatchIterator(_WITH_HOLES, 2)
+    next(iterator)
+    state = iterator.get_state()
+    next(iterator), next(iterator)
+    iterator.set_state(state)
+    got = list(next(iterator))
+    expect(got == _EXPECTED[1], f"after set_state, expected {_EXPECTED[1]}, got {got}")
+
+
+# 04.even_split --------------------------------------------------------------------------
+
+even_split_exercise = Exercise("04.even_split", "An even split of a dataset across hosts")
+
+
+def even_split_reference(n: int, index: int, count: int, drop_remainder: bool) -> tuple[int, int]:
+    """Grain's `even_split` (grain/_src/core/sharding.py); tests/test_cases_ch04.py checks they agree."""
+    per_shard, remainder = divmod(n, count)
+    if drop_remainder:
+        return per_shard * index, per_shard * (index + 1)
+    start = per_shard * index + min(index, remainder)
+    return start, start + per_shard + (index < remainder)
+
+
+def _splits(split, n, count, drop_remainder=False):
+    return [tuple(int(v) for v in split(n, i, count, drop_remainder)) for i in range(count)]
+
+
+@even_split_exercise.case(hint="Shard i is [start, stop); consecutive shards touch, the first starts at 0 "
+                               "and the last stops at n.")
+def shards_are_disjoint_and_complete(split):
+    for n, count in ((10, 3), (7, 7), (3, 5), (100, 8)):
+        covered = [i for start, stop in _splits(split, n, count) for i in range(start, stop)]
+        expect(covered == list(range(n)), f"n={n}, {count} shards: the shards cover {covered[:12]}..., "
+                                          f"expected each of range({n}) exactly once, in order")
+
+
+@even_split_exercise.case(hint="Give the n % count extra records to the first shards, one each.")
+def shard_sizes_differ_by_at_most_one_larger_first(split):
+    sizes = [stop - start for start, stop in _splits(split, 11, 4)]
+    expect(sizes == [3, 3, 3, 2], f"11 records on 4 shards: expected sizes [3, 3, 3, 2], got {sizes}")
+
+
+@even_split_exercise.case(hint="drop_remainder=True: every shard gets n // count records; "
+                               "the rest is unused.")
+def drop_remainder_makes_equal_shards(split):
+    got = _splits(split, 11, 4, True)
+    expect(got == [(0, 2), (2, 4), (4, 6), (6, 8)], f"expected [(0, 2), (2, 4), (4, 6), (6, 8)], got {got}")
+
+
+@even_split_exercise.case(hint="Work small cases by hand: 5 records on 3 shards are (0, 2), (2, 4), (4, 5).")
+def matches_grain_everywhere(split):
+    for n in (0, 1, 5, 16, 17, 31):
+        for count in (1, 2, 3, 4, 7):
+            for drop in (False, True):
+                expected = [even_split_reference(n, i, count, drop) for i in range(count)]
+                got = _splits(split, n, count, drop)
+                expect(got == expected, f"n={n}, count={count}, drop_remainder={drop}: expected {expected}, "
+                                        f"got {got}")

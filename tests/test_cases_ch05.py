@@ -1,0 +1,208 @@
+"""Chapter 05's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import os
+import pathlib
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from stacklib.checkpoint import retention
+from stacklib.grading import grade
+
+
+def atomic_write(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class AsyncSaver:
+    def __init__(self, write_fn):
+        self.write_fn, self.thread, self.error = write_fn, None, None
+
+    def save(self, tree):
+        self.wait_until_finished()
+        snapshot = jax.tree.map(np.array, tree)
+        self.thread = threading.Thread(target=self._write, args=(snapshot,))
+        self.thread.start()
+
+    def _write(self, snapshot):
+        try:
+            self.write_fn(snapshot)
+        except Exception as error:
+            self.error = error
+
+    def wait_until_finished(self):
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def restore_into(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    paths = [jax.tree_util.keystr(p) for p, _ in leaves_with_paths]
+    problems = [p for p in paths if p not in saved] + [p for p in saved if p not in paths]
+    problems += [f"{p} {np.shape(saved[p])} vs {np.shape(leaf)}"
+                 for p, (_, leaf) in zip(paths, leaves_with_paths, strict=True)
+                 if p in saved and np.shape(saved[p]) != np.shape(leaf)]
+    if problems:
+        raise ValueError("; ".join(problems))
+    leaves = []
+    for p, (_, leaf) in zip(paths, leaves_with_paths, strict=True):
+        array = np.asarray(saved[p]).astype(leaf.dtype)
+        is_jax = isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+        leaves.append(jax.device_put(array, leaf.sharding) if is_jax else array)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+RIGHT = {
+    "05.atomic_write": atomic_write,
+    "05.keep_n": retention.steps_to_keep,
+    "05.async_save": AsyncSaver,
+    "05.restore_into": restore_into,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+# Planted wrong answers.
+
+def write_in_place(path, chunks):
+    with open(path, "wb") as file:
+        for chunk in chunks:
+            file.write(chunk)
+
+
+def without_fsync(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        temporary.write_bytes(b"".join(chunks))
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def leaves_the_temporary_file(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as file:
+        for chunk in chunks:
+            file.write(chunk)
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def always_max(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+               keep_checkpoints_without_metrics=True):
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn, best_mode="max",
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def ties_to_the_earlier(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                        keep_checkpoints_without_metrics=True):
+    if best_fn is None or max_to_keep is None or len(steps) <= max_to_keep:
+        return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep)
+    scored = [(s, m) for s, m in zip(steps, metrics, strict=True) if m is not None]
+    ranked = sorted(scored, key=lambda pair: best_fn(pair[1]), reverse=best_mode == "max")  # best first
+    keep = {s for s, _ in ranked[:max_to_keep]}
+    if keep_checkpoints_without_metrics:
+        keep |= {s for s, m in zip(steps, metrics, strict=True) if m is None}
+    return [s for s in steps if s in keep]
+
+
+def drops_unscored(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                   keep_checkpoints_without_metrics=True):
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode, keep_checkpoints_without_metrics=False)
+
+
+class Synchronous(AsyncSaver):
+    def save(self, tree):
+        self.write_fn(jax.tree.map(np.array, tree))
+
+
+class NoSnapshot(AsyncSaver):
+    def save(self, tree):
+        self.wait_until_finished()
+        self.thread = threading.Thread(target=self._write, args=(tree,))
+        self.thread.start()
+
+
+class SwallowsErrors(AsyncSaver):
+    def _write(self, snapshot):
+        try:
+            self.write_fn(snapshot)
+        except Exception:
+            pass
+
+
+class Overlapping(AsyncSaver):
+    def save(self, tree):
+        self.threads = getattr(self, "threads", [])
+        thread = threading.Thread(target=self._write, args=(jax.tree.map(np.array, tree),))
+        thread.start()
+        self.threads.append(thread)
+
+    def wait_until_finished(self):
+        for thread in getattr(self, "threads", []):
+            thread.join()
+        self.threads = []
+        super().wait_until_finished()
+
+
+def unchecked_restore(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    leaves = [saved[jax.tree_util.keystr(path)] for path, _ in leaves_with_paths]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def first_problem_only(target, saved):
+    for path, _ in jax.tree_util.tree_flatten_with_path(target)[0]:
+        key = jax.tree_util.keystr(path)
+        if key not in saved:
+            raise ValueError(f"missing {key}")
+    return restore_into(target, saved)
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("05.atomic_write", write_in_place, 1, "writes in place"),
+    ("05.atomic_write", without_fsync, 5, "no fsync"),
+    ("05.atomic_write", leaves_the_temporary_file, 5, "leaves the temporary file"),
+    ("05.keep_n", always_max, 2, "ignores best_mode"),
+    ("05.keep_n", ties_to_the_earlier, 5, "ties go to the earlier step"),
+    ("05.keep_n", drops_unscored, 5, "drops steps without metrics"),
+    ("05.async_save", Synchronous, 4, "writes synchronously"),
+    ("05.async_save", NoSnapshot, 5, "no snapshot"),
+    ("05.async_save", SwallowsErrors, 6, "swallows errors"),
+    ("05.async_save", Overlapping, 6, "does not wait for the previous save"),
+    ("05.restore_into", unchecked_restore, 1, "no casting, placing or checking"),
+    ("05.restore_into", first_problem_only, 3, "names only the first problem"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points
