@@ -44,7 +44,7 @@ from stacklib.nn.linear import Embed, Linear, LinearGeneral
 from stacklib.nn.module import Dict, List, Module, Object, data, iter_graph
 from stacklib.nn.normalization import LayerNorm, RMSNorm
 from stacklib.nn.rngs import RngCount, RngKey, Rngs, RngState, RngStream
-from stacklib.nn.state import State, replace_by_pure_dict, to_pure_dict
+from stacklib.nn.state import State, replace_by_pure_dict, to_flat_state, to_pure_dict
 from stacklib.nn.stochastic import Dropout
 from stacklib.nn.variables import BatchStat, Param, Variable
 
@@ -54,5 +54,6 @@ __all__ = [
     "PathContains", "RMSNorm", "RngCount", "RngKey", "RngState", "RngStream", "Rngs", "Sequential",
     "State", "Variable", "clone", "data", "dot_product_attention", "gelu", "graphdef", "initializers",
     "iter_graph", "log_softmax", "make_causal_mask", "merge", "one_hot", "relu", "replace_by_pure_dict",
-    "sigmoid", "silu", "softmax", "split", "state", "summary", "tanh", "to_pure_dict", "update",
+    "sigmoid", "silu", "softmax", "split", "state", "summary", "tanh", "to_flat_state", "to_pure_dict",
+    "update",
 ]

@@ -203,10 +203,14 @@ def _check_graphdef(definition: Any) -> GraphDef:
     return definition
 
 
-def merge(graphdef: GraphDef, *states: State) -> Any:
+def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
     """Build a module from a GraphDef and the State(s) that `split` gave with it.
 
-    The module holds the Variables of `states` themselves (not copies), like flax.
+    The module holds the Variables of `states` themselves, like flax, unless `copy=True`,
+    which gives it new Variables. Inside `jax.grad` or `jax.jit`, merge a state that came
+    from outside the transformation with `copy=True`: flax refuses to mutate a Variable
+    that belongs to an outer trace (TraceContextError), and here such a mutation would
+    leak a tracer into the outer object.
 
     Raises:
       ValueError: a Variable the GraphDef needs is in none of the states, or a state has
@@ -229,8 +233,9 @@ def merge(graphdef: GraphDef, *states: State) -> Any:
                     "State that split returned, e.g. nnx.merge(graphdef, params, rest)."
                 )
             used.add(path)
-            built[definition.index] = variables[path]
-            return variables[path]
+            variable = variables[path].copy() if copy else variables[path]
+            built[definition.index] = variable
+            return variable
         if isinstance(definition, NodeDef):
             node = object.__new__(definition.type)
             built[definition.index] = node

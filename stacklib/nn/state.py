@@ -150,6 +150,11 @@ def _unflatten(keys: tuple, children) -> State:
 jax.tree_util.register_pytree_with_keys(State, _flatten_with_keys, _unflatten)
 
 
+def to_flat_state(state: State) -> list[tuple[PathParts, Any]]:
+    """(path, Variable) pairs of `state`, depth first: `nnx.to_flat_state` in flax."""
+    return state.flat_state()
+
+
 def to_pure_dict(state: State) -> dict:
     """Nested plain dicts of arrays (Variables unwrapped): the form checkpoints store."""
     return {
