@@ -78,6 +78,7 @@ def summary(module: Module) -> str:
         "  ".join(row[i].rjust(w) if i == 4 else row[i].ljust(w) for i, w in enumerate(widths))
         for row in [header, *rows]
     ]
-    kinds = [f"{kind} {count:,} ({memory / 1024:.1f} KiB)" for kind, (count, memory) in totals.items()]
+    order = sorted(totals, key=lambda kind: (kind != "Param", kind))  # parameters first
+    kinds = [f"{kind} {totals[kind][0]:,} ({totals[kind][1] / 1024:.1f} KiB)" for kind in order]
     lines.append("total: " + ", ".join(kinds))
     return "\n".join(lines)
