@@ -126,7 +126,8 @@ jax.tree_util.register_pytree_node(GraphDef, lambda g: ((), g), lambda g, _: g)
 class _Flattener:
     """One walk over a graph: builds the GraphDef and lists each Variable once, by path."""
 
-    def __init__(self):
+    def __init__(self, root_name: str):
+        self.root_name = root_name  # names the model in error messages
         self.indices: dict[int, int] = {}  # id(node or Variable) -> index in the GraphDef
         self.variables: list[tuple[PathParts, Variable]] = []
 
@@ -145,7 +146,7 @@ class _Flattener:
         if isinstance(value, list | tuple | dict) and holds_state(value):
             items = tuple((key, self.definition(item, (*path, key))) for key, item in container_items(value))
             return ContainerDef(type(value), items)
-        check_attribute(value, path_str(path), value)
+        check_attribute(self.root_name, path_str(path), value)
         return Static(value)
 
 
@@ -155,7 +156,7 @@ def _flatten(node: Object) -> tuple[GraphDef, list[tuple[PathParts, Variable]]]:
             f"split/state/graphdef expect an nnx.Module (or Rngs), got {type(node).__name__}. "
             "To take apart a plain pytree, use jax.tree.flatten."
         )
-    flattener = _Flattener()
+    flattener = _Flattener(type(node).__name__)
     root = flattener.definition(node, ())
     return GraphDef(root), flattener.variables
 

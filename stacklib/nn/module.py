@@ -59,13 +59,16 @@ def holds_state(value: Any) -> bool:
     return False
 
 
-def check_attribute(owner: Any, path: str, value: Any) -> None:
-    """Reject values that would silently fall out of the state, with the fix."""
+def check_attribute(owner: str, path: str, value: Any) -> None:
+    """Reject values that would silently fall out of the state, with the fix.
+
+    `owner` names the module (e.g. "MLP") and `path` the attribute, e.g. "hidden/kernel".
+    """
     if _is_array(value):
         raise TypeError(
-            f"{type(owner).__name__} attribute {path!r} holds an array of shape "
+            f"{owner} attribute {path!r} holds an array of shape "
             f"{np.shape(value)} outside a Variable, so split() would treat it as a constant "
-            f"and training would never update it. Wrap it: `self.{path.split('.')[0]} = "
+            f"and training would never update it. Wrap it: `self.{path.split('/')[-1]} = "
             "nnx.Param(array)` to train it, or `nnx.Variable(array)` to keep it as state."
         )
 
@@ -117,7 +120,7 @@ class Module(Object):
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        check_attribute(self, name, value)
+        check_attribute(type(self).__name__, name, value)
         super().__setattr__(name, value)
 
     def iter_modules(self) -> Iterator[tuple[PathParts, Module]]:
