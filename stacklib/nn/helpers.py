@@ -7,6 +7,9 @@ paths `layers/0/kernel`, `layers/2/kernel` (the activation has no state).
 `summary` is ours: flax's nearest equivalent, `nnx.tabulate`, runs the model on sample
 inputs and renders a rich table; `summary` only reads the Variables, so it needs no
 inputs and prints plain text.
+
+Differences from flax.nnx: `Sequential` does not forward an `rngs=` call argument to its
+layers; `summary` is not `nnx.tabulate` (no output shapes, no FLOPs).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ flax's gets bit-identical weights.
 The default for `Linear.kernel` is `lecun_normal()`: a truncated normal with variance
 `1 / fan_in`, which keeps the variance of activations roughly constant from layer to
 layer at initialisation (LeCun et al., "Efficient BackProp", 1998).
+
+Differences from flax.nnx: only the initializers imported below (no `delta_orthogonal`,
+`kaiming_*` or `orthogonal`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ the moment estimates, and whose `update` returns new ones.
 Differences from optax:
 - `GradientTransformationExtraArgs` is here for fidelity, but only `chain`, `masked`,
   `inject_hyperparams` and `MultiSteps` forward extra keyword arguments.
-- `apply_updates` checks that `updates` has the structure of `params` and, if not, names
-  the paths that differ (optax lets `jax.tree.map` fail with a generic message).
+- `apply_updates` checks that `updates` has the structure of `params` and, if not, lists
+  the leaf paths found on only one side (optax lets `jax.tree.map` raise its structure
+  error, which names the first container whose keys differ).
 - No `stateless`, `stateless_with_tree_map`, `StatefulSchedule` or `ScheduleState`.
 """
 
