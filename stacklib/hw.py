@@ -122,6 +122,19 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
         "tpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
     },
+    # Chapters 02-03: an MLP on scikit-learn's 8x8 digits (1797 images, fixed size), trained
+    # for `steps` mini-batches; accelerators get a wider model and a longer run.
+    "digits_mlp": {
+        "cpu": {"hidden": 64, "batch_size": 128, "steps": 300},
+        "gpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
+        "tpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
+    },
+    # Chapter 03: optimizers' paths on a 2-D loss surface (cheap everywhere).
+    "loss_surface": {
+        "cpu": {"steps": 150, "grid": 200},
+        "gpu": {"steps": 400, "grid": 400},
+        "tpu": {"steps": 400, "grid": 400},
+    },
 }
 
 

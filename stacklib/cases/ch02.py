@@ -1,0 +1,203 @@
+"""Chapter 02's exercises: a Linear layer, dropout with Rngs, a functional call, RMSNorm.
+
+The answers are checked against flax.nnx and stacklib.nn on the same seeds, so "right"
+means bit-identical weights and masks where the real library is deterministic.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx as flax_nnx
+
+import stacklib.nn as nnx
+from stacklib.grading import Exercise, expect, expect_close, expect_equal
+
+# -- 02.linear --------------------------------------------------------------------------------
+
+linear = Exercise("02.linear", "A Linear layer that is bit-identical to Flax's")
+
+
+@linear.case(hint="kernel is a Param of shape (in_features, out_features); bias a Param of shape "
+                  "(out_features,).")
+def stores_kernel_in_by_out_and_bias_as_params(Linear):
+    layer = Linear(3, 5, rngs=nnx.Rngs(0))
+    shapes = {"/".join(map(str, path)): (type(v).__name__, tuple(v.shape))
+              for path, v in nnx.to_flat_state(nnx.state(layer))}
+    expect(shapes == {"bias": ("Param", (5,)), "kernel": ("Param", (3, 5))},
+           f"expected state {{'bias': Param (5,), 'kernel': Param (3, 5)}}, got {shapes}")
+
+
+@linear.case(points=2, hint="Initialise the kernel with jax.nn.initializers.lecun_normal() and the "
+                            "key rngs.params(), drawn before the bias's.")
+def initial_kernel_equals_flax_from_the_same_seed(Linear):
+    for seed, (din, dout) in [(0, (3, 5)), (7, (16, 2))]:
+        reference = flax_nnx.Linear(din, dout, rngs=flax_nnx.Rngs(seed))
+        expect_equal(Linear(din, dout, rngs=nnx.Rngs(seed)).kernel[...], reference.kernel[...],
+                     what=f"kernel (seed {seed})")
+
+
+@linear.case(hint="Flax draws a key for the bias too (rngs.params()), although zeros need no "
+                  "randomness; draw it so that the next layer gets the same keys as in Flax.")
+def draws_two_keys_like_flax(Linear):
+    rngs = nnx.Rngs(0)
+    Linear(3, 5, rngs=rngs)
+    count = int(rngs.params.count[...])
+    expect(count == 2, f"the params stream handed out {count} key(s); Flax's Linear draws 2")
+
+
+@linear.case(hint="y = x @ kernel + bias over the last axis; read Variables with v[...].")
+def computes_x_at_kernel_plus_bias_on_any_batch_shape(Linear):
+    layer = Linear(4, 3, rngs=nnx.Rngs(1))
+    expect(tuple(layer.kernel.shape) == (4, 3), f"kernel shape {tuple(layer.kernel.shape)}, expected (4, 3)")
+    layer.bias[...] = jnp.arange(3.0)
+    x = jax.random.normal(jax.random.key(2), (2, 5, 4))
+    expected = np.asarray(x) @ np.asarray(layer.kernel[...]) + np.arange(3.0)
+    expect_close(layer(x), expected, rtol=1e-5, atol=1e-5, what="layer(x) for x of shape (2, 5, 4)")
+
+
+@linear.case(hint="Keep only Variables and static values on the module, so split/merge and jit work.")
+def trains_through_split_merge_and_jit(Linear):
+    layer = Linear(2, 1, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(layer)
+    x, y = jnp.array([[1.0, 2.0], [3.0, -1.0]]), jnp.array([[1.0], [0.0]])
+
+    @jax.jit
+    def step(params):
+        loss = lambda p: jnp.mean((nnx.merge(graphdef, p, copy=True)(x) - y) ** 2)  # noqa: E731
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+    for _ in range(200):
+        params = step(params)
+    expect_close(nnx.merge(graphdef, params)(x), y, atol=1e-3, what="the fitted outputs")
+
+
+# -- 02.dropout -------------------------------------------------------------------------------
+
+dropout = Exercise("02.dropout", "Dropout driven by an Rngs stream")
+
+
+@dropout.case(hint="When deterministic is True, return x itself.")
+def deterministic_returns_the_input(dropout_fn):
+    x = jnp.arange(12.0).reshape(3, 4)
+    expect_equal(dropout_fn(x, 0.5, nnx.Rngs(dropout=0), deterministic=True), x)
+
+
+@dropout.case(points=2, hint="Keep each element with probability 1 - rate and divide the kept ones by "
+                             "1 - rate, so that the mean is unchanged.")
+def drops_about_rate_and_rescales_the_rest(dropout_fn):
+    y = np.asarray(dropout_fn(jnp.ones(20_000), 0.3, nnx.Rngs(dropout=0)))
+    dropped = float((y == 0).mean())
+    expect(abs(dropped - 0.3) < 0.02, f"expected about 30% zeros, got {dropped:.1%}")
+    kept = y[y != 0]
+    expect(np.allclose(kept, 1 / 0.7, rtol=1e-6), f"kept values should all be 1 / (1 - rate) = "
+           f"{1 / 0.7:.6f}; got values in [{kept.min():.6f}, {kept.max():.6f}]")
+
+
+@dropout.case(hint="Draw one key with rngs.dropout() and build the mask with "
+                   "jax.random.bernoulli(key, 1 - rate, x.shape), as nnx.Dropout does.")
+def draws_the_same_mask_as_nnx_dropout(dropout_fn):
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+    expected = nnx.Dropout(0.25)(x, rngs=nnx.Rngs(dropout=3))
+    expect_close(dropout_fn(x, 0.25, nnx.Rngs(dropout=3)), expected, rtol=1e-6, atol=0)
+
+
+@dropout.case(hint="Each call must take a fresh key from the stream (rngs.dropout()), never a fixed one.")
+def advances_the_stream_so_masks_differ(dropout_fn):
+    rngs = nnx.Rngs(dropout=0)
+    first, second = dropout_fn(jnp.ones(64), 0.5, rngs), dropout_fn(jnp.ones(64), 0.5, rngs)
+    expect(not np.array_equal(first, second), "two calls with the same Rngs gave the same mask")
+    expect(int(rngs.dropout.count[...]) == 2, f"expected 2 keys drawn, got {int(rngs.dropout.count[...])}")
+
+
+# -- 02.functional_call -----------------------------------------------------------------------
+
+functional_call = Exercise("02.functional_call", "A pure function from a split module")
+
+
+class _Noisy(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(4, 4, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.dropout(self.linear(x))
+
+
+@functional_call.case(hint="merge(graphdef, state) rebuilds the model; call it on x.")
+def returns_what_the_model_returns(call):
+    model = _Noisy(nnx.Rngs(0))
+    model.eval()
+    graphdef, state = nnx.split(model)
+    x = jnp.ones((2, 4))
+    y, _ = call(graphdef, state, x)
+    expect_close(y, model(x), what="the output")
+
+
+@functional_call.case(hint="After calling the merged model, return nnx.state(model): the dropout "
+                           "counter has advanced.")
+def returns_the_new_state(call):
+    graphdef, state = nnx.split(_Noisy(nnx.Rngs(0)))
+    _, new_state = call(graphdef, state, jnp.ones((2, 4)))
+    count = int(new_state["dropout"]["rngs"]["count"][...])
+    expect(count == 1, f"the returned state's dropout counter is {count}, expected 1")
+
+
+@functional_call.case(points=2, hint="merge puts the state's own Variables into the model, so calling it "
+                                     "mutates them; merge with copy=True to leave the input untouched.")
+def leaves_the_input_state_unchanged(call):
+    graphdef, state = nnx.split(_Noisy(nnx.Rngs(0)))
+    x = jnp.ones((2, 4))
+    first, _ = call(graphdef, state, x)
+    count = int(state["dropout"]["rngs"]["count"][...])
+    expect(count == 0, f"the state passed in was changed: its dropout counter is now {count}")
+    second, _ = call(graphdef, state, x)
+    expect_close(second, first, what="a second call with the same state")
+
+
+@functional_call.case(hint="Use only merge, the call and nnx.state: then jax.jit compiles it once.")
+def compiles_once_under_jit(call):
+    traces = []
+
+    def traced(graphdef, state, x):
+        traces.append(1)
+        return call(graphdef, state, x)
+
+    jitted = jax.jit(traced)
+    graphdef, state = nnx.split(_Noisy(nnx.Rngs(0)))
+    for _ in range(3):
+        _, state = jitted(graphdef, state, jnp.ones((2, 4)))
+    expect(len(traces) == 1, f"jit traced {len(traces)} times, expected once")
+    expect(int(state["dropout"]["rngs"]["count"][...]) == 3, "the counter did not advance through jit")
+
+
+# -- 02.rms_norm ------------------------------------------------------------------------------
+
+rms_norm = Exercise("02.rms_norm", "RMSNorm")
+
+
+@rms_norm.case(points=2, hint="y = x / sqrt(mean(x**2, axis=-1, keepdims=True) + epsilon) * scale; "
+                              "no mean is subtracted.")
+def matches_flax_rmsnorm(norm):
+    x = jax.random.normal(jax.random.key(0), (3, 5, 8)) * 3 + 1
+    reference = flax_nnx.RMSNorm(8, rngs=flax_nnx.Rngs(0))
+    scale = jnp.linspace(0.5, 2.0, 8)
+    reference.scale[...] = scale
+    expect_close(norm(x, scale), reference(x), rtol=1e-5, atol=1e-6)
+
+
+@rms_norm.case(hint="epsilon goes inside the square root: sqrt(mean(x**2) + epsilon).")
+def respects_epsilon_inside_the_root(norm):
+    x = jnp.full((1, 4), 1e-3)
+    expected = 1e-3 / np.sqrt(1e-6 + 1e-2)
+    expect_close(norm(x, jnp.ones(4), epsilon=1e-2), np.full((1, 4), expected), rtol=1e-5)
+
+
+@rms_norm.case(hint="Compute the statistics in float32 (x.astype(jnp.float32)) and cast the result back "
+                    "to x.dtype.")
+def keeps_bfloat16_and_its_accuracy(norm):
+    x = (jax.random.normal(jax.random.key(1), (4, 64)) * 50).astype(jnp.bfloat16)
+    y = norm(x, jnp.ones(64, jnp.bfloat16))
+    expect(y.dtype == jnp.bfloat16, f"expected a bfloat16 result, got {y.dtype}")
+    x32 = np.asarray(x, np.float32)
+    expected = x32 / np.sqrt((x32**2).mean(-1, keepdims=True) + 1e-6)
+    expect_close(np.asarray(y, np.float32), expected, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,217 @@
+"""Chapter 03's exercises: scale_by_adam, a warm-up-cosine schedule, clipping, accumulation.
+
+Each answer is compared with optax on the same inputs. Answers must be written with
+`jax.numpy` so that they also work on traced values under `jax.jit`, which the last case
+of each exercise checks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import stacklib.optim as ours
+from stacklib.grading import Exercise, expect, expect_close
+
+
+def _random_tree(seed, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.normal(size=(3, 4)), dtype), "b": jnp.asarray(rng.normal(size=4), dtype)}
+
+
+def _state_paths(tree):
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+# -- 03.scale_by_adam -------------------------------------------------------------------------
+
+adam = Exercise("03.scale_by_adam", "scale_by_adam")
+
+
+@adam.case(hint="init returns ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros like params, "
+                "nu=zeros like params).")
+def init_returns_count_and_zero_moments(scale_by_adam):
+    params = _random_tree(0)
+    state = scale_by_adam().init(params)
+    expect(_state_paths(state) == _state_paths(optax.scale_by_adam().init(params)),
+           f"state paths {_state_paths(state)}, expected {_state_paths(optax.scale_by_adam().init(params))}")
+    expect(int(state.count) == 0 and jnp.asarray(state.count).dtype == jnp.int32, "count must be int32 zero")
+    expect_close(state.mu, jax.tree.map(jnp.zeros_like, params), what="mu")
+
+
+@adam.case(hint="Divide m and v by (1 - b1**t) and (1 - b2**t) with t the new count (1 on the first "
+                "step): then the first update is g / (|g| + eps).")
+def first_update_is_bias_corrected(scale_by_adam):
+    grads = _random_tree(1)
+    updates, _ = scale_by_adam().update(grads, scale_by_adam().init(grads))
+    expected, _ = optax.scale_by_adam().update(grads, optax.scale_by_adam().init(grads))
+    expect_close(updates, expected, rtol=1e-5, atol=1e-6, what="the first update")
+
+
+@adam.case(points=2, hint="u = m_hat / (sqrt(v_hat) + eps): eps outside the square root; keep count, "
+                          "mu and nu in the returned state.")
+def matches_optax_for_30_steps_in_float64(scale_by_adam):
+    with jax.enable_x64(True):
+        options = dict(b1=0.8, b2=0.95, eps=1e-3)  # a large eps tells inside from outside the root
+        mine, theirs = scale_by_adam(**options), optax.scale_by_adam(**options)
+        params = _random_tree(2, jnp.float64)
+        my_state, their_state = mine.init(params), theirs.init(params)
+        for step in range(30):  # b2 = 0.95: the bias correction still matters at step 30
+            grads = _random_tree(100 + step, jnp.float64)
+            my_updates, my_state = mine.update(grads, my_state)
+            their_updates, their_state = theirs.update(grads, their_state)
+        expect_close(my_updates, their_updates, rtol=1e-10, atol=1e-12, what="the 30th update")
+        expect_close(my_state.nu, their_state.nu, rtol=1e-10, atol=1e-12, what="nu after 30 steps")
+
+
+@adam.case(hint="Use jax.numpy and jax.tree.map only: no Python conditionals on the count.")
+def works_under_jit(scale_by_adam):
+    tx = scale_by_adam()
+    params = _random_tree(3)
+    update = jax.jit(tx.update)
+    state = tx.init(params)
+    for _ in range(3):
+        updates, state = update(params, state)
+    expect(int(state.count) == 3, f"count after 3 jitted steps is {int(state.count)}")
+
+
+# -- 03.warmup_cosine -------------------------------------------------------------------------
+
+warmup_cosine = Exercise("03.warmup_cosine", "A warm-up-cosine learning-rate schedule")
+
+
+@warmup_cosine.case(hint="init_value at step 0, peak_value at warmup_steps, end_value from decay_steps on.")
+def hits_the_landmarks(make_schedule):
+    schedule = make_schedule(0.0, 1.0, 10, 100, 0.1)
+    got = [float(schedule(step)) for step in (0, 5, 10, 100, 150)]
+    expect_close(got, [0.0, 0.5, 1.0, 0.1, 0.1], rtol=1e-5, atol=1e-6,
+                 what="values at steps 0, 5, 10, 100, 150")
+
+
+@warmup_cosine.case(points=2, hint="The cosine part lasts T = decay_steps - warmup_steps steps and sees "
+                                   "t = step - warmup_steps: peak * ((1 - a) * 0.5 * (1 + cos(pi t / T)) "
+                                   "+ a), with a = end_value / peak_value.")
+def matches_optax_at_every_step(make_schedule):
+    for args in [(0.0, 1.0, 10, 100, 0.1), (1e-4, 3e-3, 50, 300, 0.0)]:
+        schedule, reference = make_schedule(*args), optax.warmup_cosine_decay_schedule(*args)
+        steps = np.arange(0, args[3] + 20)
+        got = np.array([float(schedule(int(step))) for step in steps])
+        expected = np.array([float(reference(int(step))) for step in steps])
+        expect_close(got, expected, rtol=1e-5, atol=1e-7, what=f"schedule{args} over steps 0..{args[3] + 19}")
+
+
+@warmup_cosine.case(hint="The step is a traced array under jit: combine the two phases with jnp.where, "
+                         "not a Python `if`.")
+def works_on_traced_step_counts(make_schedule):
+    schedule = make_schedule(0.0, 1.0, 10, 100, 0.1)
+    got = jax.jit(jax.vmap(schedule))(jnp.arange(120))
+    expect_close(got, jax.vmap(optax.warmup_cosine_decay_schedule(0.0, 1.0, 10, 100, 0.1))(jnp.arange(120)),
+                 rtol=1e-5, atol=1e-7, what="the schedule on jnp.arange(120) under jit(vmap)")
+
+
+# -- 03.clip_by_global_norm -------------------------------------------------------------------
+
+clip = Exercise("03.clip_by_global_norm", "Clipping by the global norm")
+
+
+def _global_norm(tree):
+    return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree))))
+
+
+@clip.case(points=2, hint="The norm is over all leaves together: sqrt(sum of every leaf's sum of squares). "
+                          "Scale every leaf by max_norm / norm.")
+def shortens_long_updates_to_max_norm_keeping_direction(clip_by_global_norm):
+    grads = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([[4.0]])}  # global norm 5; leaf norms 3 and 4
+    tx = clip_by_global_norm(1.0)
+    clipped, _ = tx.update(grads, tx.init(grads))
+    expect_close(_global_norm(clipped), 1.0, rtol=1e-5, what="the global norm after clipping")
+    expected = {"a": np.array([0.6, 0.0]), "b": np.array([[0.8]])}
+    expect_close(clipped, expected, rtol=1e-5, what="the clipped tree")
+
+
+@clip.case(hint="Leave updates whose global norm is below max_norm exactly as they are.")
+def leaves_short_updates_alone(clip_by_global_norm):
+    grads = {"a": jnp.array([0.3, 0.0]), "b": jnp.array([[0.4]])}
+    tx = clip_by_global_norm(1.0)
+    unchanged, _ = tx.update(grads, tx.init(grads))
+    expect_close(unchanged, grads, rtol=1e-6, atol=0)
+
+
+@clip.case(hint="Compute the norm with jnp and choose with jnp.where (or scale by jnp.minimum(1, max/norm)).")
+def matches_optax_under_jit(clip_by_global_norm):
+    for seed, max_norm in [(0, 0.5), (1, 100.0)]:
+        grads = _random_tree(seed)
+        tx = clip_by_global_norm(max_norm)
+        got, _ = jax.jit(tx.update)(grads, tx.init(grads))
+        expected, _ = optax.clip_by_global_norm(max_norm).update(grads, ())
+        expect_close(got, expected, rtol=1e-5, atol=1e-6, what=f"clipping to {max_norm}")
+
+
+# -- 03.accumulate ----------------------------------------------------------------------------
+
+accumulate = Exercise("03.accumulate", "Gradient accumulation over k mini-batches")
+
+
+@accumulate.case(points=2, hint="Keep a running mean of the gradients and a mini-step counter in the state; "
+                                "on the k-th call return inner.update(mean, ...), otherwise zeros.")
+def returns_zeros_then_the_inner_update_of_the_mean(accumulate_gradients):
+    tx = accumulate_gradients(ours.sgd(1.0), 3)
+    params = jnp.zeros(2)
+    state = tx.init(params)
+    emitted = []
+    for grad in [[1.0, 0.0], [2.0, 3.0], [6.0, 0.0]]:
+        updates, state = tx.update(jnp.array(grad), state, params)
+        emitted.append(np.asarray(updates))
+    expect_close(np.stack(emitted), np.array([[0.0, 0.0], [0.0, 0.0], [-3.0, -1.0]]), rtol=1e-6,
+                 what="the three updates")
+
+
+@accumulate.case(hint="After the k-th call reset the counter and the accumulator, ready for the next k.")
+def starts_over_after_each_step(accumulate_gradients):
+    tx = accumulate_gradients(ours.sgd(1.0), 2)
+    params = jnp.zeros(())
+    state = tx.init(params)
+    emitted = []
+    for grad in [1.0, 3.0, 10.0, 20.0]:
+        updates, state = tx.update(jnp.array(grad), state, params)
+        emitted.append(float(updates))
+    expect_close(emitted, [0.0, -2.0, 0.0, -15.0], rtol=1e-6, what="four updates with k=2")
+
+
+@accumulate.case(hint="The inner optimizer must see only the mean gradient, once per k calls, and keep its "
+                      "state unchanged in between.")
+def equals_one_big_batch_momentum_step(accumulate_gradients):
+    w = jnp.array([0.5, -1.0, 2.0])
+    x = jax.random.normal(jax.random.key(0), (32, 3))
+    loss = lambda w, x: jnp.mean((x @ w - 1.0) ** 2)  # noqa: E731
+    # SGD with momentum: stateful, and (unlike Adam) not blind to the gradient's scale.
+    big = optax.sgd(0.1, momentum=0.9)
+    expected = []
+    big_state = big.init(w)
+    tx = accumulate_gradients(ours.sgd(0.1, momentum=0.9), 4)
+    state = tx.init(w)
+    for half in x.reshape(2, 16, 3):
+        step, big_state = big.update(jax.grad(loss)(w, half), big_state, w)
+        expected.append(np.asarray(step))
+        for chunk in half.reshape(4, 4, 3):
+            updates, state = tx.update(jax.grad(loss)(w, chunk), state, w)
+        expect_close(updates, expected[-1], rtol=1e-5, atol=1e-6, what=f"accumulated step {len(expected)}")
+
+
+@accumulate.case(hint="Under jit the counter is traced: compute both branches and select with jnp.where "
+                      "(or jax.lax.cond); a Python `if` on it cannot work.")
+def compiles_once_under_jit(accumulate_gradients):
+    tx = accumulate_gradients(ours.adam(0.1), 2)
+    params = jnp.ones(3)
+    state = tx.init(params)
+    traces = []
+
+    def update(grads, state, params):
+        traces.append(1)
+        return tx.update(grads, state, params)
+
+    jitted = jax.jit(update)
+    for _ in range(4):
+        updates, state = jitted(jnp.ones(3), state, params)
+    expect(len(traces) == 1, f"jit traced {len(traces)} times")
+    expect(bool(jnp.any(updates != 0)), "the 4th call (k=2) should have returned a non-zero update")

@@ -1,0 +1,286 @@
+"""`split`, `merge`, `state`, `update`: between stateful modules and pure pytrees.
+
+Mirrors `flax.nnx.split`, `merge`, `state`, `update`, `graphdef` and `clone`
+(flax/nnx/graphlib.py, flax 0.12.8).
+
+JAX transformations want pure functions of arrays; NNX modules are Python objects that
+mutate. The bridge is to take a module apart into
+
+* a `GraphDef`: everything static, i.e. the classes, the attribute names, the sizes,
+  and which attribute holds which Variable; hashable, so `jax.jit` can use it as part
+  of its cache key and compile once;
+* one or more `State`s: the Variables, arranged by attribute path; pytrees of arrays.
+
+`merge(graphdef, *states)` puts a module back together from the two. Inside a jitted
+function you `merge`, call the module as usual (it may mutate, e.g. advance a dropout
+counter), `split` again and return the new state. Outside, `update(model, new_state)`
+writes it back. That is the whole trick, and flax's `nnx.jit`/`nnx.grad` are this
+pattern wrapped in a decorator.
+
+A module graph may share a submodule or a Variable between two attributes (e.g. tied
+embeddings). `split` records the second occurrence as a reference to the first, the
+state holds the Variable once, and `merge` rebuilds the sharing.
+
+Differences from flax.nnx:
+- The GraphDef is a tree of small frozen dataclasses (`NodeDef`, `VariableDef`,
+  `ContainerDef`, `NodeRef`, `Static`), not flax's flat node list; it is printable and
+  hashable, but not interchangeable with flax's.
+- No graph-update context (`update_context`), no `pop`, `map`, `iter_graph` over
+  Variables, `flatten`/`unflatten`, or tree mode (`graph=False`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from stacklib.nn.filters import Filter
+from stacklib.nn.module import Object, check_attribute, container_items, graph_attributes, holds_state
+from stacklib.nn.state import PathParts, State, path_str
+from stacklib.nn.variables import Variable
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """A static attribute value. Compared by value when hashable, else by identity."""
+
+    value: Any
+
+    def _key(self) -> tuple:
+        try:
+            hash(self.value)
+        except TypeError:
+            return ("id", id(self.value))
+        return ("value", type(self.value), self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Static) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableDef:
+    """A Variable's place in the graph; its value is in the State, at the same path."""
+
+    type: type
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRef:
+    """A second reference to the node or Variable numbered `index` (sharing)."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerDef:
+    """A list, tuple or dict that holds Variables or nodes."""
+
+    type: type
+    items: tuple[tuple[Any, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDef:
+    """A graph node (a Module, Rngs, ...): its class and its attributes' definitions."""
+
+    type: type
+    index: int
+    attributes: tuple[tuple[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphDef:
+    """The static half of a split module. A pytree with no leaves, so `jit` treats it as static."""
+
+    root: NodeDef
+
+    def __repr__(self) -> str:
+        return f"GraphDef({_describe(self.root, '')})"
+
+
+def _describe(definition: Any, indent: str) -> str:
+    inner = indent + "  "
+    if isinstance(definition, NodeDef):
+        fields = "".join(f"\n{inner}{name}={_describe(d, inner)}," for name, d in definition.attributes)
+        return f"{definition.type.__name__}({fields}\n{indent})"
+    if isinstance(definition, ContainerDef):
+        items = "".join(f"\n{inner}{key!r}: {_describe(d, inner)}," for key, d in definition.items)
+        return f"{definition.type.__name__}({items}\n{indent})"
+    if isinstance(definition, VariableDef):
+        return f"<{definition.type.__name__}>"
+    if isinstance(definition, NodeRef):
+        return f"<shared #{definition.index}>"
+    value = definition.value
+    return getattr(value, "__name__", None) or repr(value)
+
+
+jax.tree_util.register_pytree_node(GraphDef, lambda g: ((), g), lambda g, _: g)
+
+
+class _Flattener:
+    """One walk over a graph: builds the GraphDef and lists each Variable once, by path."""
+
+    def __init__(self, root_name: str):
+        self.root_name = root_name  # names the model in error messages
+        self.indices: dict[int, int] = {}  # id(node or Variable) -> index in the GraphDef
+        self.variables: list[tuple[PathParts, Variable]] = []
+
+    def definition(self, value: Any, path: PathParts) -> Any:
+        if isinstance(value, Variable | Object):
+            if id(value) in self.indices:
+                return NodeRef(self.indices[id(value)])
+            index = self.indices[id(value)] = len(self.indices)
+            if isinstance(value, Variable):
+                self.variables.append((path, value))
+                return VariableDef(type(value), index)
+            attributes = tuple(
+                (name, self.definition(child, (*path, name))) for name, child in graph_attributes(value)
+            )
+            return NodeDef(type(value), index, attributes)
+        if isinstance(value, list | tuple | dict) and holds_state(value):
+            items = tuple((key, self.definition(item, (*path, key))) for key, item in container_items(value))
+            return ContainerDef(type(value), items)
+        check_attribute(self.root_name, path_str(path), value)
+        return Static(value)
+
+
+def _flatten(node: Object) -> tuple[GraphDef, list[tuple[PathParts, Variable]]]:
+    if not isinstance(node, Object):
+        raise TypeError(
+            f"split/state/graphdef expect an nnx.Module (or Rngs), got {type(node).__name__}. "
+            "To take apart a plain pytree, use jax.tree.flatten."
+        )
+    flattener = _Flattener(type(node).__name__)
+    root = flattener.definition(node, ())
+    return GraphDef(root), flattener.variables
+
+
+def _partition(pairs: list[tuple[PathParts, Variable]], filters: tuple[Filter, ...], exhaustive: bool):
+    if not filters:
+        return (State.from_flat_path(pairs),)
+    return State.from_flat_path(pairs).split(*filters, exhaustive=exhaustive)
+
+
+def split(node: Object, *filters: Filter) -> tuple[Any, ...]:
+    """Take a module apart into `(graphdef, state)` or `(graphdef, state_1, ..., state_n)`.
+
+    With filters, each Variable goes to the State of the first filter it matches:
+    `graphdef, params, rest = split(model, nnx.Param, ...)`.
+
+    Raises:
+      ValueError: some Variable matches none of the filters (end them with `...`).
+      TypeError: `node` is not a module, or a module attribute holds a bare array.
+    """
+    graphdef, pairs = _flatten(node)
+    return (graphdef, *_partition(pairs, filters, exhaustive=True))
+
+
+def graphdef(node: Object) -> GraphDef:
+    """The GraphDef of `node` (what `split` returns first)."""
+    return _flatten(node)[0]
+
+
+def state(node: Object, *filters: Filter) -> State | tuple[State, ...]:
+    """The Variables of `node` as a State; with several filters, a tuple of States.
+
+    Unlike `split`, Variables matched by no filter are simply left out.
+    """
+    states = _partition(_flatten(node)[1], filters, exhaustive=False)
+    return states[0] if len(states) == 1 else states
+
+
+def _check_graphdef(definition: Any) -> GraphDef:
+    if not isinstance(definition, GraphDef):
+        raise TypeError(
+            f"merge expects the GraphDef that split returned first, got {type(definition).__name__}. "
+            "Call it as nnx.merge(graphdef, state) or nnx.merge(graphdef, params, rest)."
+        )
+    return definition
+
+
+def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
+    """Build a module from a GraphDef and the State(s) that `split` gave with it.
+
+    The module holds the Variables of `states` themselves, like flax, unless `copy=True`,
+    which gives it new Variables. Inside `jax.grad` or `jax.jit`, merge a state that came
+    from outside the transformation with `copy=True`: flax refuses to mutate a Variable
+    that belongs to an outer trace (TraceContextError), and here such a mutation would
+    leak a tracer into the outer object.
+
+    Raises:
+      ValueError: a Variable the GraphDef needs is in none of the states, or a state has
+        a path the GraphDef does not know; the message names the path.
+    """
+    root = _check_graphdef(graphdef).root
+    variables: dict[PathParts, Variable] = {}
+    for given in states:
+        variables.update(given.flat_state())
+    built: dict[int, Any] = {}
+    used: set[PathParts] = set()
+
+    def build(definition: Any, path: PathParts) -> Any:
+        if isinstance(definition, NodeRef):
+            return built[definition.index]
+        if isinstance(definition, VariableDef):
+            if path not in variables:
+                raise ValueError(
+                    f"merge: no value for {path_str(path)} ({definition.type.__name__}). Pass every "
+                    "State that split returned, e.g. nnx.merge(graphdef, params, rest)."
+                )
+            used.add(path)
+            variable = variables[path].copy() if copy else variables[path]
+            built[definition.index] = variable
+            return variable
+        if isinstance(definition, NodeDef):
+            node = object.__new__(definition.type)
+            built[definition.index] = node
+            for name, child in definition.attributes:
+                object.__setattr__(node, name, build(child, (*path, name)))
+            return node
+        if isinstance(definition, ContainerDef):
+            items = [(key, build(item, (*path, key))) for key, item in definition.items]
+            if issubclass(definition.type, dict):
+                return definition.type(items)
+            values = [item for _, item in items]
+            if hasattr(definition.type, "_fields"):  # a NamedTuple takes its fields positionally
+                return definition.type(*values)
+            return definition.type(values)
+        return definition.value
+
+    node = build(root, ())
+    unknown = [path_str(path) for path in variables if path not in used]
+    if unknown:
+        raise ValueError(
+            f"merge: the states hold {unknown[:5]}, which this GraphDef has no place for. "
+            "Was the state split from a different model?"
+        )
+    return node
+
+
+def update(node: Object, *states: State) -> None:
+    """Write the values of `states` into the matching Variables of `node`, in place.
+
+    Raises:
+      ValueError: a state has a path that `node` does not have (the message names it).
+    """
+    current = dict(_flatten(node)[1])
+    for given in states:
+        for path, value in given.flat_state():
+            if path not in current:
+                raise ValueError(
+                    f"update: {type(node).__name__} has no Variable at {path_str(path)}. "
+                    "Was the state taken from a different model?"
+                )
+            current[path].set_value(value.get_value() if isinstance(value, Variable) else value)
+
+
+def clone(node: Object) -> Any:
+    """A deep copy of a module: same structure and values, new Variables."""
+    definition, pairs = _flatten(node)
+    return merge(definition, State.from_flat_path([(path, v.copy()) for path, v in pairs]))

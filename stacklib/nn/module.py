@@ -1,0 +1,198 @@
+"""Modules: ordinary Python objects whose attributes hold Variables and other modules.
+
+Mirrors `flax.nnx.Module` (flax/nnx/module.py, flax 0.12.8).
+
+You write a module the way you write any class: build the weights in `__init__`, use
+them in `__call__`. There is no separate "init" pass and no parameter dictionary to
+thread around; `Linear(3, 4, rngs=rngs)` is a layer with its weights already in it.
+
+What makes this work with JAX's pure functions is that a module's attributes can be
+read as a *graph*: each attribute is either a Variable (state), another graph node (a
+submodule, an `Rngs`), a list/tuple/dict of those, or a static Python value (a size, a
+dtype, a function). `graph.split` walks that graph to pull the state out as pytrees;
+`graph.merge` builds the object back. This file defines the node types and the walk.
+
+Differences from flax.nnx:
+- Lists, tuples and dicts of submodules are traversed automatically; flax 0.12 asks
+  for `nnx.List` / `nnx.data` (both exist here as plain aliases, so that code runs).
+- A jax or NumPy array stored directly on a module (not in a Variable) is an error
+  here, with the fix in the message; flax 0.12 keeps it as an anonymous state leaf.
+- No `sow`, `perturb`, `view` or `capture`; `set_attributes` has no `filters` argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from stacklib.nn.variables import Variable
+
+PathParts = tuple[Any, ...]
+
+
+class Object:
+    """A graph node: an object whose attributes `split` and `merge` traverse.
+
+    `Module`, `Rngs` and `RngStream` are Objects.
+    """
+
+
+def is_graph_node(value: Any) -> bool:
+    return isinstance(value, Object)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, jax.Array | np.ndarray) and not isinstance(value, np.generic)
+
+
+def holds_state(value: Any) -> bool:
+    """True if `value` is, or is a list/tuple/dict containing, a Variable or graph node."""
+    if isinstance(value, Variable | Object):
+        return True
+    if isinstance(value, list | tuple):
+        return any(holds_state(item) for item in value)
+    if isinstance(value, dict):
+        return any(holds_state(item) for item in value.values())
+    return False
+
+
+def check_attribute(owner: str, path: str, value: Any) -> None:
+    """Reject values that would silently fall out of the state, with the fix.
+
+    `owner` names the module (e.g. "MLP") and `path` the attribute, e.g. "hidden/kernel".
+    """
+    if _is_array(value):
+        raise TypeError(
+            f"{owner} attribute {path!r} holds an array of shape "
+            f"{np.shape(value)} outside a Variable, so split() would treat it as a constant "
+            f"and training would never update it. Wrap it: `self.{path.split('/')[-1]} = "
+            "nnx.Param(array)` to train it, or `nnx.Variable(array)` to keep it as state."
+        )
+
+
+def graph_attributes(node: Object) -> list[tuple[str, Any]]:
+    """The (name, value) pairs of a node, sorted by name (the order state trees use)."""
+    return sorted(vars(node).items())
+
+
+def container_items(container: list | tuple | dict) -> list[tuple[Any, Any]]:
+    """(key, item) pairs of a container: indices for sequences, keys (sorted) for dicts."""
+    if isinstance(container, dict):
+        return sorted(container.items(), key=lambda kv: (isinstance(kv[0], str), kv[0]))
+    return list(enumerate(container))
+
+
+def _iter_graph(value: Any, path: PathParts, seen: set[int]) -> Iterator[tuple[PathParts, Any]]:
+    if isinstance(value, Object):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        yield path, value
+        for name, child in graph_attributes(value):
+            yield from _iter_graph(child, (*path, name), seen)
+    elif isinstance(value, list | tuple | dict) and holds_state(value):
+        for key, item in container_items(value):
+            yield from _iter_graph(item, (*path, key), seen)
+
+
+def iter_graph(node: Object) -> Iterator[tuple[PathParts, Any]]:
+    """Every graph node reachable from `node`, once each, with its path, depth first."""
+    yield from _iter_graph(node, (), set())
+
+
+class Module(Object):
+    """Base class for layers and models.
+
+    Subclass it, create Variables and submodules in `__init__`, compute in `__call__`:
+
+        class MLP(nnx.Module):
+            def __init__(self, din, dhidden, dout, *, rngs):
+                self.hidden = nnx.Linear(din, dhidden, rngs=rngs)
+                self.out = nnx.Linear(dhidden, dout, rngs=rngs)
+
+            def __call__(self, x):
+                return self.out(nnx.relu(self.hidden(x)))
+
+    Reference: the Flax NNX guide, "Modules" (flax.readthedocs.io).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        check_attribute(type(self).__name__, name, value)
+        super().__setattr__(name, value)
+
+    def iter_modules(self) -> Iterator[tuple[PathParts, Module]]:
+        """Every module in this one's graph (itself first, with path `()`), depth first."""
+        for path, node in iter_graph(self):
+            if isinstance(node, Module):
+                yield path, node
+
+    def iter_children(self) -> Iterator[tuple[str, Module]]:
+        """The modules held directly in this module's attributes."""
+        for name, value in graph_attributes(self):
+            if isinstance(value, Module):
+                yield name, value
+
+    def set_attributes(self, *, raise_if_not_found: bool = True, **attributes: Any) -> None:
+        """Set attributes on every submodule that has them (e.g. `deterministic=True`).
+
+        Raises:
+          ValueError: `raise_if_not_found` and no module in the graph has one of them.
+        """
+        remaining = set(attributes)
+        for _, module in self.iter_modules():
+            for name, value in attributes.items():
+                if hasattr(module, name):
+                    setattr(module, name, value)
+                    remaining.discard(name)
+        if remaining and raise_if_not_found:
+            raise ValueError(
+                f"No module in {type(self).__name__}'s graph has the attribute(s) {sorted(remaining)}."
+            )
+
+    def train(self, **attributes: Any) -> None:
+        """Training mode: dropout on (`deterministic=False`), batch statistics updated."""
+        self.set_attributes(
+            deterministic=False, use_running_average=False, **attributes, raise_if_not_found=False
+        )
+
+    def eval(self, **attributes: Any) -> None:
+        """Evaluation mode: dropout off (`deterministic=True`), running statistics used."""
+        self.set_attributes(
+            deterministic=True, use_running_average=True, **attributes, raise_if_not_found=False
+        )
+
+    def __repr__(self) -> str:
+        return _repr(self, indent="", seen=set())
+
+
+def _repr(value: Any, indent: str, seen: set[int]) -> str:
+    if not isinstance(value, Object):
+        if isinstance(value, Variable):
+            return repr(value)
+        if isinstance(value, list | tuple | dict) and holds_state(value):
+            inner = indent + "  "
+            items = "".join(
+                f"\n{inner}{key!r}: {_repr(item, inner, seen)}," for key, item in container_items(value)
+            )
+            return f"{type(value).__name__}({items}\n{indent})"
+        return repr(value) if not callable(value) else getattr(value, "__name__", repr(value))
+    if id(value) in seen:
+        return f"{type(value).__name__}(...)  # shared, shown above"
+    seen.add(id(value))
+    inner = indent + "  "
+    fields = "".join(
+        f"\n{inner}{name}={_repr(child, inner, seen)}," for name, child in graph_attributes(value)
+    )
+    return f"{type(value).__name__}({fields}\n{indent})"
+
+
+List = list  # flax 0.12's nnx.List marks a list as data; here every list of modules is.
+Dict = dict  # likewise nnx.Dict
+
+
+def data(value: Any) -> Any:
+    """Mark a value as data (flax 0.12's `nnx.data`); here containers are detected anyway."""
+    return value

@@ -1,0 +1,148 @@
+"""Chapter 02's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import stacklib.nn as nnx
+from stacklib.grading import grade
+
+
+class Linear(nnx.Module):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), jnp.float32))
+        rngs.params()  # Flax draws the bias's key too
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32))
+
+    def __call__(self, x):
+        return x @ self.kernel[...] + self.bias[...]
+
+
+def dropout(x, rate, rngs, deterministic=False):
+    if deterministic or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def functional_call(graphdef, state, x):
+    model = nnx.merge(graphdef, state, copy=True)
+    return model(x), nnx.state(model)
+
+
+def rms_norm(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + epsilon) * scale
+    return y.astype(x.dtype)
+
+
+RIGHT = {
+    "02.linear": Linear,
+    "02.dropout": dropout,
+    "02.functional_call": functional_call,
+    "02.rms_norm": rms_norm,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [(c.name, c.message) for c in result.cases]
+
+
+class NoBiasKey(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32))
+
+
+class NormalInit(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        self.kernel = nnx.Param(jax.random.normal(rngs.params(), (in_features, out_features)))
+        rngs.params()
+        self.bias = nnx.Param(jnp.zeros((out_features,)))
+
+
+class Transposed(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (out_features, in_features), jnp.float32))
+        rngs.params()
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32))
+
+    def __call__(self, x):
+        return x @ self.kernel[...].T + self.bias[...]
+
+
+class BareArrays(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        object.__setattr__(self, "kernel", init(rngs.params(), (in_features, out_features), jnp.float32))
+        rngs.params()
+        object.__setattr__(self, "bias", jnp.zeros((out_features,)))
+
+    def __call__(self, x):
+        return x @ self.kernel + self.bias
+
+
+def unscaled_dropout(x, rate, rngs, deterministic=False):
+    if deterministic:
+        return x
+    return jnp.where(jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape), x, 0.0)
+
+
+def fixed_key_dropout(x, rate, rngs, deterministic=False):
+    if deterministic:
+        return x
+    keep = jax.random.bernoulli(jax.random.key(0), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def sharing_functional_call(graphdef, state, x):
+    model = nnx.merge(graphdef, state)
+    return model(x), nnx.state(model)
+
+
+def stale_state_functional_call(graphdef, state, x):
+    return nnx.merge(graphdef, state, copy=True)(x), state
+
+
+def layer_norm_instead(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    centered = x32 - x32.mean(-1, keepdims=True)
+    y = centered * jax.lax.rsqrt(jnp.mean(centered**2, -1, keepdims=True) + epsilon) * scale
+    return y.astype(x.dtype)
+
+
+def epsilon_outside(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 / (jnp.sqrt(jnp.mean(x32**2, -1, keepdims=True)) + epsilon) * scale).astype(x.dtype)
+
+
+def float32_output(x, scale, epsilon=1e-6):
+    return rms_norm(x, scale, epsilon).astype(jnp.float32)
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("02.linear", NoBiasKey, 5, "draws no key for the bias"),
+    ("02.linear", NormalInit, 4, "standard normal instead of lecun_normal"),
+    ("02.linear", Transposed, 2, "kernel stored (out, in)"),
+    ("02.linear", BareArrays, 3, "arrays outside Variables: right weights, but no state"),
+    ("02.dropout", unscaled_dropout, 2, "forgets to rescale by 1 / (1 - rate)"),
+    ("02.dropout", fixed_key_dropout, 3, "a fixed key instead of the stream"),
+    ("02.functional_call", sharing_functional_call, 3, "merge without copy mutates the input state"),
+    ("02.functional_call", stale_state_functional_call, 3, "returns the old state"),
+    ("02.rms_norm", layer_norm_instead, 0, "subtracts the mean (LayerNorm)"),
+    ("02.rms_norm", epsilon_outside, 3, "epsilon outside the square root"),
+    ("02.rms_norm", float32_output, 3, "returns float32 for bfloat16 inputs"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points

@@ -1,0 +1,223 @@
+"""Chapter 03's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import stacklib.optim as optax
+from stacklib.grading import grade
+
+
+def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8):
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+
+    def update(updates, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * g**2 + b2 * v, updates, state.nu)
+        count = state.count + 1
+        updates = jax.tree.map(
+            lambda m, v: (m / (1 - b1**count)) / (jnp.sqrt(v / (1 - b2**count)) + eps), mu, nu
+        )
+        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def warmup_cosine(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    def schedule(step):
+        warm = init_value + (peak_value - init_value) * jnp.clip(step, 0, warmup_steps) / warmup_steps
+        t = jnp.clip(step - warmup_steps, 0, decay_steps - warmup_steps)
+        alpha = end_value / peak_value
+        cosine = 0.5 * (1 + jnp.cos(jnp.pi * t / (decay_steps - warmup_steps)))
+        return jnp.where(step < warmup_steps, warm, peak_value * ((1 - alpha) * cosine + alpha))
+
+    return schedule
+
+
+def global_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(leaf**2) for leaf in jax.tree.leaves(tree)))
+
+
+def clip_by_global_norm(max_norm):
+    def update(updates, state, params=None):
+        norm = global_norm(updates)
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * factor, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+class AccumulateState(NamedTuple):
+    mini_step: jax.Array
+    mean: optax.Updates
+    inner_state: optax.OptState
+
+
+def _select(condition, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(condition, n, o), new, old)
+
+
+def accumulate_gradients(inner, k):
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return AccumulateState(jnp.zeros([], jnp.int32), zeros, inner.init(params))
+
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+        emit = state.mini_step == k - 1
+        new_state = AccumulateState(
+            mini_step=jnp.where(emit, 0, state.mini_step + 1),
+            mean=jax.tree.map(lambda m: jnp.where(emit, jnp.zeros_like(m), m), mean),
+            inner_state=_select(emit, inner_state, state.inner_state),
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(init, update)
+
+
+RIGHT = {
+    "03.scale_by_adam": scale_by_adam,
+    "03.warmup_cosine": warmup_cosine,
+    "03.clip_by_global_norm": clip_by_global_norm,
+    "03.accumulate": accumulate_gradients,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [(c.name, c.message) for c in result.cases]
+
+
+def adam_without_bias_correction(b1=0.9, b2=0.999, eps=1e-8):
+    def update(updates, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * g**2 + b2 * v, updates, state.nu)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, optax.ScaleByAdamState(count=state.count + 1, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(scale_by_adam().init, update)
+
+
+def adam_eps_inside_the_root(b1=0.9, b2=0.999, eps=1e-8):
+    def update(updates, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * g**2 + b2 * v, updates, state.nu)
+        count = state.count + 1
+        updates = jax.tree.map(
+            lambda m, v: (m / (1 - b1**count)) / jnp.sqrt(v / (1 - b2**count) + eps), mu, nu
+        )
+        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(scale_by_adam().init, update)
+
+
+def adam_count_not_stored(b1=0.9, b2=0.999, eps=1e-8):
+    right = scale_by_adam(b1, b2, eps)
+
+    def update(updates, state, params=None):
+        updates, new_state = right.update(updates, state, params)
+        return updates, new_state._replace(count=state.count)  # forgets to keep the new count
+
+    return optax.GradientTransformation(right.init, update)
+
+
+def warmup_cosine_too_long(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    return warmup_cosine(init_value, peak_value, warmup_steps, decay_steps + warmup_steps, end_value)
+
+
+def warmup_cosine_python_if(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    def schedule(step):
+        if step < warmup_steps:
+            return init_value + (peak_value - init_value) * step / warmup_steps
+        return warmup_cosine(init_value, peak_value, warmup_steps, decay_steps, end_value)(step)
+
+    return schedule
+
+
+def clip_each_leaf(max_norm):
+    def update(updates, state, params=None):
+        def clip(g):
+            norm = jnp.sqrt(jnp.sum(g**2))
+            return g * jnp.where(norm < max_norm, 1.0, max_norm / norm)
+
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def always_rescale(max_norm):
+    def update(updates, state, params=None):
+        return jax.tree.map(lambda g: g * max_norm / global_norm(updates), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def accumulate_sum(inner, k):
+    def update(updates, state, params=None):
+        total = jax.tree.map(lambda m, g: m + g, state.mean, updates)
+        inner_updates, inner_state = inner.update(total, state.inner_state, params)
+        emit = state.mini_step == k - 1
+        new_state = AccumulateState(
+            mini_step=jnp.where(emit, 0, state.mini_step + 1),
+            mean=jax.tree.map(lambda m: jnp.where(emit, jnp.zeros_like(m), m), total),
+            inner_state=_select(emit, inner_state, state.inner_state),
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(accumulate_gradients(inner, k).init, update)
+
+
+def accumulate_python_if(inner, k):
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        if state.mini_step == k - 1:
+            inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+            zeros = jax.tree.map(jnp.zeros_like, mean)
+            return inner_updates, AccumulateState(jnp.zeros([], jnp.int32), zeros, inner_state)
+        zeros = jax.tree.map(jnp.zeros_like, updates)
+        return zeros, AccumulateState(state.mini_step + 1, mean, state.inner_state)
+
+    return optax.GradientTransformation(accumulate_gradients(inner, k).init, update)
+
+
+def accumulate_without_reset(inner, k):
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+        emit = state.mini_step % k == k - 1
+        new_state = AccumulateState(
+            mini_step=state.mini_step + 1,  # never reset: the mean keeps averaging over all calls
+            mean=mean,
+            inner_state=_select(emit, inner_state, state.inner_state),
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(accumulate_gradients(inner, k).init, update)
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("03.scale_by_adam", adam_without_bias_correction, 2, "no bias correction"),
+    ("03.scale_by_adam", adam_eps_inside_the_root, 3, "eps inside the square root"),
+    ("03.scale_by_adam", adam_count_not_stored, 2, "keeps the old count in the state"),
+    ("03.warmup_cosine", warmup_cosine_too_long, 0, "cosine over decay_steps instead of decay - warmup"),
+    ("03.warmup_cosine", warmup_cosine_python_if, 3, "a Python if on the step"),
+    ("03.clip_by_global_norm", clip_each_leaf, 1, "clips each leaf separately"),
+    ("03.clip_by_global_norm", always_rescale, 2, "rescales short updates too"),
+    ("03.accumulate", accumulate_sum, 1, "sums instead of averaging"),
+    ("03.accumulate", accumulate_python_if, 4, "a Python if on the traced counter"),
+    ("03.accumulate", accumulate_without_reset, 3, "never resets the running mean"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points

@@ -1,0 +1,263 @@
+"""stacklib.nn's behaviour: Rngs, split/merge/update, layers, shape errors, dtypes, training."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stacklib.nn as nnx
+import stacklib.optim as optax
+from stacklib.grading import numerical_gradient
+
+
+class MLP(nnx.Module):
+    def __init__(self, din, dhidden, dout, *, rngs):
+        self.hidden = nnx.Linear(din, dhidden, rngs=rngs)
+        self.dropout = nnx.Dropout(0.1, rngs=rngs)
+        self.out = nnx.Linear(dhidden, dout, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.dropout(nnx.relu(self.hidden(x))))
+
+
+def _keys(stream_calls):
+    return [tuple(np.asarray(jax.random.key_data(k))) for k in stream_calls]
+
+
+# -- Rngs ----------------------------------------------------------------------------------
+
+def test_a_stream_is_reproducible_and_never_repeats_a_key():
+    a, b = nnx.Rngs(params=0), nnx.Rngs(params=0)
+    first = _keys([a.params() for _ in range(5)])
+    assert first == _keys([b.params() for _ in range(5)])
+    assert len(set(first)) == 5
+    assert int(a.params.count[...]) == 5
+
+
+def test_the_nth_key_is_fold_in_of_the_base_key_and_n():
+    rngs = nnx.Rngs(7)
+    rngs()
+    expected = jax.random.fold_in(jax.random.key(7), 1)
+    np.testing.assert_array_equal(jax.random.key_data(rngs()), jax.random.key_data(expected))
+
+
+def test_unknown_streams_fall_back_to_default_or_fail_with_the_fix():
+    assert "default" in nnx.Rngs(0) and nnx.Rngs(0).dropout.tag == "default"
+    with pytest.raises(AttributeError, match=r"nnx.Rngs\(dropout=0\)"):
+        nnx.Rngs(params=0).dropout()
+
+
+# -- split / merge / state / update --------------------------------------------------------
+
+def test_split_then_merge_rebuilds_an_equal_model():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    model.eval()
+    graphdef, state = nnx.split(model)
+    rebuilt = nnx.merge(graphdef, state)
+    assert type(rebuilt) is MLP and rebuilt is not model
+    x = jnp.ones((4, 3))
+    np.testing.assert_array_equal(rebuilt(x), model(x))
+
+
+def test_split_by_filters_partitions_the_variables():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    assert {type(v) for _, v in params.flat_state()} == {nnx.Param}
+    assert [path for path, _ in rest.flat_state()] == [
+        ("dropout", "rngs", "count"), ("dropout", "rngs", "key")
+    ]
+    assert sum(v.size for _, v in params.flat_state()) == 3 * 8 + 8 + 8 * 2 + 2
+
+
+def test_split_with_filters_that_miss_a_variable_names_it():
+    with pytest.raises(ValueError, match=r"dropout/rngs/count.*Add `...`"):
+        nnx.split(MLP(3, 8, 2, rngs=nnx.Rngs(0)), nnx.Param)
+
+
+def test_the_state_is_a_pytree_whose_paths_are_attribute_paths():
+    state = nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    assert paths == ["['bias'].value", "['kernel'].value"]
+    doubled = jax.tree.map(lambda x: 2 * x, state)
+    assert isinstance(doubled["kernel"], nnx.Param)
+    np.testing.assert_array_equal(doubled["kernel"][...], 2 * state["kernel"][...])
+
+
+def test_update_writes_a_state_back_into_the_model():
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    zeros = jax.tree.map(jnp.zeros_like, nnx.state(model))
+    nnx.update(model, zeros)
+    assert float(jnp.abs(model.kernel[...]).sum()) == 0.0
+
+
+def test_merge_and_update_name_missing_or_unknown_paths():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    with pytest.raises(ValueError, match=r"no value for dropout/rngs/count.*merge\(graphdef, params, rest\)"):
+        nnx.merge(graphdef, params)
+    with pytest.raises(ValueError, match="Linear has no Variable at hidden/"):
+        nnx.update(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), params)
+
+
+def test_shared_submodules_stay_shared_after_a_round_trip():
+    class Tied(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(10, 4, rngs=rngs)
+            self.also_embed = self.embed
+
+    graphdef, state = nnx.split(Tied(nnx.Rngs(0)))
+    assert [path for path, _ in state.flat_state()] == [("also_embed", "embedding")]
+    rebuilt = nnx.merge(graphdef, state)
+    assert rebuilt.embed is rebuilt.also_embed
+
+
+def test_a_jitted_step_compiles_once_because_the_graphdef_is_static():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    traces = []
+
+    @jax.jit
+    def forward(graphdef, state, x):
+        traces.append(1)
+        model = nnx.merge(graphdef, state)
+        y = model(x)
+        return y, nnx.state(model)  # the dropout counter advanced
+
+    state = nnx.state(model)
+    for _ in range(3):
+        y, state = forward(nnx.graphdef(model), state, jnp.ones((2, 3)))
+    assert len(traces) == 1
+    assert int(state["dropout"]["rngs"]["count"][...]) == 3
+
+
+def test_train_and_eval_switch_dropout():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    x = jnp.ones((64, 3))
+    model.eval()
+    np.testing.assert_array_equal(model(x), model(x))
+    model.train()
+    assert not np.array_equal(model(x), model(x))
+
+
+def test_bare_arrays_on_a_module_are_rejected_with_the_fix():
+    class Bad(nnx.Module):
+        def __init__(self):
+            self.w = jnp.ones(3)
+
+    with pytest.raises(TypeError, match=r"nnx.Param\(array\)"):
+        Bad()
+
+
+def test_clone_copies_the_variables():
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    copy = nnx.clone(model)
+    copy.kernel[...] = jnp.zeros((2, 3))
+    assert float(jnp.abs(model.kernel[...]).sum()) > 0
+
+
+# -- layers ----------------------------------------------------------------------------------
+
+def test_linear_is_x_at_kernel_plus_bias_with_kernel_in_by_out():
+    layer = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    assert layer.kernel.shape == (3, 4) and layer.bias.shape == (4,)
+    x = jax.random.normal(jax.random.key(1), (5, 3))
+    np.testing.assert_allclose(layer(x), x @ layer.kernel[...] + layer.bias[...], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layer, bad_input, expected",
+    [
+        (lambda r: nnx.Linear(3, 4, rngs=r), jnp.ones((2, 5)),
+         r"expects inputs of shape \(\.\.\., 3\), got shape \(2, 5\)"),
+        (lambda r: nnx.LayerNorm(8, rngs=r), jnp.ones((2, 4)),
+         r"expects inputs of shape \(\.\.\., 8\), got shape \(2, 4\)"),
+        (lambda r: nnx.RMSNorm(8, rngs=r), jnp.ones(3),
+         r"expects inputs of shape \(\.\.\., 8\), got shape \(3,\)"),
+        (lambda r: nnx.MultiHeadAttention(2, 8, rngs=r), jnp.ones((1, 3, 4)),
+         r"\(\.\.\., length, 8\), got shape \(1, 3, 4\)"),
+        (lambda r: nnx.Embed(10, 4, rngs=r), jnp.ones(3), "integer ids, got dtype float32"),
+    ],
+    ids=["linear", "layer_norm", "rms_norm", "attention", "embed"],
+)
+def test_a_wrong_input_shape_names_expected_and_got(layer, bad_input, expected):
+    with pytest.raises(ValueError, match=expected):
+        layer(nnx.Rngs(0))(bad_input)
+
+
+def test_linear_gradient_matches_central_differences():
+    with jax.enable_x64(True):
+        layer = nnx.Linear(3, 2, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(1), (4, 3), jnp.float64)
+        graphdef, params = nnx.split(layer)
+
+        def loss_of_kernel(kernel):
+            state = nnx.State({"kernel": nnx.Param(kernel), "bias": params["bias"]})
+            return jnp.sum(jnp.tanh(nnx.merge(graphdef, state, copy=True)(x)))
+
+        kernel = np.asarray(params["kernel"][...])
+        expected = numerical_gradient(loss_of_kernel, kernel)  # float64 central differences: ~1e-9
+        np.testing.assert_allclose(jax.grad(loss_of_kernel)(jnp.asarray(kernel)), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda r: nnx.Linear(4, 4, param_dtype=jnp.bfloat16, rngs=r),
+    lambda r: nnx.LayerNorm(4, param_dtype=jnp.bfloat16, rngs=r),
+    lambda r: nnx.RMSNorm(4, param_dtype=jnp.bfloat16, rngs=r),
+], ids=["linear", "layer_norm", "rms_norm"])
+def test_bfloat16_in_bfloat16_out(make):
+    assert make(nnx.Rngs(0))(jnp.ones((2, 4), jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+def test_layer_norm_output_has_zero_mean_and_unit_variance():
+    y = nnx.LayerNorm(16, rngs=nnx.Rngs(0))(jax.random.normal(jax.random.key(0), (4, 16)) * 5 + 3)
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(y.var(-1), 1.0, rtol=1e-3)
+
+
+def test_dropout_keeps_the_mean_and_drops_about_rate():
+    dropout = nnx.Dropout(0.25, rngs=nnx.Rngs(0))
+    y = dropout(jnp.ones(20_000))
+    assert abs(float((y == 0).mean()) - 0.25) < 0.02
+    np.testing.assert_allclose(y.mean(), 1.0, atol=0.03)
+    assert dropout(jnp.ones(3), deterministic=True).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_causal_attention_does_not_look_ahead():
+    attention = nnx.MultiHeadAttention(2, 8, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (1, 6, 8))
+    changed_future = x.at[:, 4:].set(0.0)
+    before, after = attention(x, is_causal=True), attention(changed_future, is_causal=True)
+    np.testing.assert_allclose(before[:, :4], after[:, :4], rtol=1e-6)
+    assert not np.allclose(before[:, 4:], after[:, 4:])
+
+
+def test_summary_counts_every_parameter():
+    text = nnx.summary(MLP(3, 8, 2, rngs=nnx.Rngs(0)))
+    assert "hidden/kernel" in text and "total: Param 50 (" in text
+
+
+# -- training through the functional path ---------------------------------------------------
+
+def test_a_small_mlp_learns_xor_with_the_functional_path():
+    x = jnp.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    y = jnp.array([0, 1, 1, 0])
+    model = MLP(2, 16, 2, rngs=nnx.Rngs(0))
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adam(0.05)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, rest, opt_state):
+        def loss_fn(params):
+            logits = nnx.merge(graphdef, params, rest, copy=True)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    for _ in range(200):
+        params, opt_state, loss = step(params, rest, opt_state)
+    assert float(loss) < 0.05
+    nnx.update(model, params)
+    assert model(x).argmax(-1).tolist() == [0, 1, 1, 0]
