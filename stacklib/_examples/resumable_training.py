@@ -1,7 +1,7 @@
 """A training run that can be killed at any moment and resumed with identical results.
 
-It puts chapters 02-05 together: a small MLP (flax.nnx), AdamW with gradient clipping
-(optax), a shuffled, batched, checkpointable input pipeline (stacklib.data), and
+It puts chapters 02-05 together: a small MLP (stacklib.nn), AdamW with gradient clipping
+(stacklib.optim), a shuffled, batched, checkpointable input pipeline (stacklib.data), and
 asynchronous checkpoints of the model, the optimizer state and the data iterator
 (stacklib.checkpoint). Chapter 05 runs it as a separate process, kills it with SIGKILL
 in the middle of an epoch, runs it again, and checks that the final parameters are
@@ -19,8 +19,8 @@ Run it as a script:
 
 It prints `step N loss L` after each step and `final <sha256 of the parameters>`.
 
-The model and optimizer use only API that `stacklib.nn` and `stacklib.optim` also
-provide, and are imported here and nowhere else in chapters 04-05.
+Every component is ours, imported under the real libraries' names (`nnx`, `optax`,
+`ocp`, `grain`), as the book's drop-in principle intends.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
 
 import stacklib.checkpoint as ocp
 import stacklib.data as grain
+import stacklib.nn as nnx
+import stacklib.optim as optax
 
 
 @dataclasses.dataclass(frozen=True)
