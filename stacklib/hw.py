@@ -60,42 +60,18 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"batch": 512, "width": 512, "repeats": 20},
         "tpu": {"batch": 512, "width": 512, "repeats": 20},
     },
-    # Chapter 07: the MLP trained with each sharding strategy on an 8-device mesh (on a
-    # one-chip runtime the mesh is 8 simulated CPU devices, so accelerator rows stay modest).
-    "sharded_mlp": {
-        "cpu": {"batch": 256, "features": 32, "hidden": 256, "classes": 8, "steps": 25},
-        "gpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
-        "tpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+    # Chapters 02-03: an MLP on scikit-learn's 8x8 digits (1797 images, fixed size), trained
+    # for `steps` mini-batches; accelerators get a wider model and a longer run.
+    "digits_mlp": {
+        "cpu": {"hidden": 64, "batch_size": 128, "steps": 300},
+        "gpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
+        "tpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
     },
-    # Chapter 07: collective timings over per-device messages of 2**min_log2 .. 2**max_log2 bytes.
-    "collective_sweep": {
-        "cpu": {"min_log2": 12, "max_log2": 20, "repeats": 5},
-        "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
-        "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
-    },
-    # Chapter 06: a transformer block (batch, sequence, width, heads) whose programs we
-    # read and count, and the length of the elementwise chain that shows what fusion saves.
-    "compiler_block": {
-        "cpu": {"batch": 8, "seq": 64, "d_model": 128, "heads": 4},
-        "gpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
-        "tpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
-    },
-    "compiler_fusion": {
-        "cpu": {"n": 1 << 22, "repeats": 5},
-        "gpu": {"n": 1 << 27, "repeats": 10},
-        "tpu": {"n": 1 << 27, "repeats": 10},
-    },
-    # Chapter 08: the training step we profile, and the sizes that measure the peaks
-    # (the matmul's n; the largest array, in MB, of the bandwidth sweep).
-    "profile_step": {
-        "cpu": {"batch": 16, "seq": 128, "d_model": 128, "heads": 4, "steps": 3},
-        "gpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
-        "tpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
-    },
-    "profile_peaks": {
-        "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 20},
-        "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
-        "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
+    # Chapter 03: optimizers' paths on a 2-D loss surface (cheap everywhere).
+    "loss_surface": {
+        "cpu": {"steps": 150, "grid": 200},
+        "gpu": {"steps": 400, "grid": 400},
+        "tpu": {"steps": 400, "grid": 400},
     },
     # Chapter 04: records through a CPU-heavy map (`work` loop iterations, ~1 ms per
     # 20k on a laptop core) with up to `max_workers` threads or worker processes.
@@ -122,18 +98,42 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
         "tpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},
     },
-    # Chapters 02-03: an MLP on scikit-learn's 8x8 digits (1797 images, fixed size), trained
-    # for `steps` mini-batches; accelerators get a wider model and a longer run.
-    "digits_mlp": {
-        "cpu": {"hidden": 64, "batch_size": 128, "steps": 300},
-        "gpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
-        "tpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
+    # Chapter 06: a transformer block (batch, sequence, width, heads) whose programs we
+    # read and count, and the length of the elementwise chain that shows what fusion saves.
+    "compiler_block": {
+        "cpu": {"batch": 8, "seq": 64, "d_model": 128, "heads": 4},
+        "gpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
+        "tpu": {"batch": 32, "seq": 512, "d_model": 1024, "heads": 16},
     },
-    # Chapter 03: optimizers' paths on a 2-D loss surface (cheap everywhere).
-    "loss_surface": {
-        "cpu": {"steps": 150, "grid": 200},
-        "gpu": {"steps": 400, "grid": 400},
-        "tpu": {"steps": 400, "grid": 400},
+    "compiler_fusion": {
+        "cpu": {"n": 1 << 22, "repeats": 5},
+        "gpu": {"n": 1 << 27, "repeats": 10},
+        "tpu": {"n": 1 << 27, "repeats": 10},
+    },
+    # Chapter 07: the MLP trained with each sharding strategy on an 8-device mesh (on a
+    # one-chip runtime the mesh is 8 simulated CPU devices, so accelerator rows stay modest).
+    "sharded_mlp": {
+        "cpu": {"batch": 256, "features": 32, "hidden": 256, "classes": 8, "steps": 25},
+        "gpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+        "tpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+    },
+    # Chapter 07: collective timings over per-device messages of 2**min_log2 .. 2**max_log2 bytes.
+    "collective_sweep": {
+        "cpu": {"min_log2": 12, "max_log2": 20, "repeats": 5},
+        "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+        "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+    },
+    # Chapter 08: the training step we profile, and the sizes that measure the peaks
+    # (the matmul's n; the largest array, in MB, of the bandwidth sweep).
+    "profile_step": {
+        "cpu": {"batch": 16, "seq": 128, "d_model": 128, "heads": 4, "steps": 3},
+        "gpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
+        "tpu": {"batch": 32, "seq": 1024, "d_model": 1024, "heads": 16, "steps": 5},
+    },
+    "profile_peaks": {
+        "cpu": {"matmul_n": 1024, "max_mb": 256, "repeats": 20},
+        "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
+        "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
     },
 }
 
