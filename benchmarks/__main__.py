@@ -5,11 +5,15 @@ version and the real library on the same work in the same process and prints the
 ratio. Timings from one process on a shared 2-core machine are noisy, so they are
 printed, not asserted; `tests/test_benchmarks.py` only runs each one at a tiny scale to
 keep it working.
+
+Each benchmark runs in a fresh Python process: some set JAX options that must come
+before JAX starts (simulated devices, 64-bit mode), and none should inherit another's.
 """
 
 import argparse
-import importlib
 import pathlib
+import subprocess
+import sys
 
 HERE = pathlib.Path(__file__).parent
 
@@ -26,8 +30,9 @@ def main() -> None:
     for name in args.names or available():
         if name not in available():
             parser.error(f"no benchmark {name!r}; choose from {available()}")
-        print(f"== {name}")
-        importlib.import_module(f"benchmarks.bench_{name}").main(scale=args.scale)
+        print(f"== {name}", flush=True)
+        code = f"from benchmarks.bench_{name} import main; main(scale={args.scale!r})"
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=HERE.parent)
 
 
 if __name__ == "__main__":
