@@ -235,6 +235,54 @@ def test_summary_counts_every_parameter():
     assert "hidden/kernel" in text and "total: Param 50 (" in text
 
 
+# -- sharding metadata -----------------------------------------------------------------------
+
+def _named_linear(din=3, dout=4, seed=0):
+    return nnx.Linear(
+        din, dout, rngs=nnx.Rngs(seed),
+        kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("features", "hidden")),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("hidden",)),
+    )
+
+
+def test_with_partitioning_records_the_names_as_out_sharding_and_keeps_the_values():
+    named, plain = _named_linear(), nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    assert named.kernel.out_sharding == ("features", "hidden")
+    assert named.kernel.get_metadata() == {"out_sharding": ("features", "hidden"), "mesh": None}
+    assert named.bias.get_metadata("out_sharding") == ("hidden",)
+    assert plain.kernel.get_metadata("out_sharding", None) is None
+    np.testing.assert_array_equal(named.kernel[...], plain.kernel[...])  # same keys, same weights
+
+
+def test_sharding_names_survive_split_merge_jit_and_grad():
+    graphdef, state = nnx.split(_named_linear())
+    x = jnp.ones((2, 3))
+    grads = jax.jit(jax.grad(lambda s: jnp.sum(nnx.merge(graphdef, s)(x))))(state)
+    for tree in [state, grads, jax.tree.map(jnp.zeros_like, state)]:
+        assert tree["kernel"].out_sharding == ("features", "hidden")
+        assert tree["bias"].out_sharding == ("hidden",)
+    assert nnx.merge(graphdef, grads).kernel.out_sharding == ("features", "hidden")
+
+
+def test_linear_general_names_describe_the_reshaped_kernel():
+    layer = nnx.LinearGeneral(
+        8, (2, 3), rngs=nnx.Rngs(0),
+        kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "heads", "head_dim")))
+    assert layer.kernel.shape == (8, 2, 3)
+    assert layer.kernel.out_sharding == ("embed", "heads", "head_dim")
+    plain = nnx.LinearGeneral(8, (2, 3), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(layer.kernel[...], plain.kernel[...])
+
+
+def test_metadata_from_the_initializer_wins_over_keyword_arguments():
+    wrapped = nnx.with_metadata(nnx.initializers.zeros, out_sharding=("a",))(jax.random.key(0), (2,))
+    assert isinstance(wrapped, nnx.VariableMetadata)
+    param = nnx.Param(wrapped, out_sharding=("b",), tag="w")
+    assert param.get_metadata() == {"out_sharding": ("a",), "tag": "w"}
+    with pytest.raises(KeyError, match="mesh"):
+        param.get_metadata("mesh")
+
+
 # -- training through the functional path ---------------------------------------------------
 
 def test_a_small_mlp_learns_xor_with_the_functional_path():

@@ -1,4 +1,5 @@
-"""stacklib.nn agrees with flax.nnx: same seeds give the same weights, outputs and gradients.
+"""stacklib.nn agrees with flax.nnx: same seeds give the same weights, outputs and gradients,
+and `with_partitioning` attaches the same sharding metadata.
 
 Each case builds the same layer or model against both APIs from the same `Rngs` seed.
 Because our layers draw their keys in flax's order and use JAX's initializers, the
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx as flax_nnx
+from jax.sharding import PartitionSpec as P
 
 import stacklib.nn as our_nnx
 
@@ -164,3 +166,74 @@ def test_rng_streams_hand_out_the_same_keys():
     np.testing.assert_array_equal(
         jax.random.key_data(ours.fork().dropout()), jax.random.key_data(theirs.fork().dropout())
     )
+
+
+# -- sharding metadata: `with_partitioning` attaches the same names in both libraries. Flax
+# would also shard each array as it is made (eager sharding, which needs a mesh); we build
+# its models with that off, so both hold whole arrays and differ only in what we compare.
+
+def _named(nnx, initializer, *names):
+    """`initializer` (a factory in nnx.initializers, by name) with logical names attached."""
+    return nnx.with_partitioning(getattr(nnx.initializers, initializer)(), names)
+
+
+def _named_mlp(nnx, rngs):
+    # The shape of chapter 07's classifier (stacklib.parallel.mlp), written once for both.
+    class NamedMLP(nnx.Module):
+        def __init__(self, *, rngs):
+            self.fc1 = nnx.Linear(8, 16, rngs=rngs,
+                                  kernel_init=_named(nnx, "lecun_normal", "features", "hidden"),
+                                  bias_init=_named(nnx, "zeros_init", "hidden"))
+            self.fc2 = nnx.Linear(16, 3, rngs=rngs,
+                                  kernel_init=_named(nnx, "lecun_normal", "hidden", "classes"),
+                                  bias_init=_named(nnx, "zeros_init", "classes"))
+
+        def __call__(self, x):
+            return self.fc2(nnx.relu(self.fc1(x)))
+
+    return NamedMLP(rngs=rngs)
+
+
+NAMED_CASES = [
+    ("mlp", _named_mlp, lambda m: m(X)),
+    ("linear_general", lambda nnx, r: nnx.LinearGeneral(
+        8, (2, 3), kernel_init=_named(nnx, "lecun_normal", "embed", "heads", "kv"),
+        bias_init=_named(nnx, "zeros_init", "heads", "kv"), rngs=r), lambda m: m(X)),
+    ("embed", lambda nnx, r: nnx.Embed(11, 4, embedding_init=_named(nnx, "normal", "vocab", "embed"), rngs=r),
+     lambda m: m(IDS)),
+    ("layer_norm", lambda nnx, r: nnx.LayerNorm(8, scale_init=_named(nnx, "ones_init", "embed"),
+                                                bias_init=_named(nnx, "zeros_init", "embed"), rngs=r),
+     lambda m: m(X)),
+    ("attention", lambda nnx, r: nnx.MultiHeadAttention(
+        2, 8, decode=False, kernel_init=_named(nnx, "lecun_normal", "embed", "heads", "kv"),
+        out_kernel_init=_named(nnx, "lecun_normal", "heads", "kv", "embed"), rngs=r), lambda m: m(X)),
+]
+NAMED_IDS = [case[0] for case in NAMED_CASES]
+
+
+def _named_pair(build):
+    with flax_nnx.use_eager_sharding(False):
+        theirs = build(flax_nnx, flax_nnx.Rngs(0))
+    return build(our_nnx, our_nnx.Rngs(0)), theirs
+
+
+@pytest.mark.parametrize("name, build, call", NAMED_CASES, ids=NAMED_IDS)
+def test_with_partitioning_gives_the_same_metadata_and_weights(name, build, call):
+    ours, theirs = _named_pair(build)
+    our_vars = dict(our_nnx.to_flat_state(our_nnx.state(ours)))
+    their_vars = {tuple(p): v for p, v in flax_nnx.to_flat_state(flax_nnx.state(theirs))}
+    assert list(our_vars) == list(their_vars)
+    for path, theirs_var in their_vars.items():
+        # flax adds required entries (hijax, ref, eager_sharding) to every Variable; we have none.
+        assert our_vars[path].get_metadata() == theirs_var.get_metadata(exclude_required=True), path
+        np.testing.assert_array_equal(our_vars[path].get_value(), theirs_var.get_value(), err_msg=str(path))
+    assert any(v.get_metadata("out_sharding", None) for v in our_vars.values())
+    np.testing.assert_allclose(call(ours), call(theirs), rtol=1e-6, atol=1e-6)  # as in the cases above
+
+
+@pytest.mark.parametrize("name, build, call", NAMED_CASES, ids=NAMED_IDS)
+def test_our_names_are_what_flax_get_partition_spec_reads(name, build, call):
+    ours, theirs = _named_pair(build)
+    specs = jax.tree.leaves(flax_nnx.get_partition_spec(flax_nnx.state(theirs)))
+    names = [P(*v.get_metadata("out_sharding", ())) for _, v in our_nnx.to_flat_state(our_nnx.state(ours))]
+    assert names == specs

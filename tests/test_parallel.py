@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import stacklib.nn as nnx
 from stacklib import parallel
 from stacklib.parallel.mlp import MLPClassifier, make_blobs, make_loss, make_sgd_step
 from stacklib.parallel.multihost_step import FSDP_RULES
@@ -123,6 +123,15 @@ def test_partition_specs_come_from_the_variables_names_and_the_rules(model_state
     assert specs["fc1"]["bias"].get_value() == P("model")
     assert specs["fc2"]["kernel"].get_value() == P("model", None)
     assert specs["fc2"]["bias"].get_value() == P(None)
+
+
+def test_a_stacklib_nn_state_keeps_its_structure_and_variable_types(model_state):
+    _, state = model_state
+    names = parallel.logical_axes(state)
+    assert isinstance(names, nnx.State) and isinstance(names["fc1"]["kernel"], nnx.Param)
+    assert names["fc1"]["kernel"].get_value() == P("features", "hidden")  # from with_partitioning
+    specs = parallel.get_partition_spec(state, (("hidden", "model"),))
+    assert jax.tree.structure(specs) == jax.tree.structure(state)  # Variables, metadata and all
 
 
 def test_plain_pytrees_get_their_names_from_path_annotations(model_state):

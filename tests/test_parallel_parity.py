@@ -10,10 +10,36 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import stacklib.nn as our_nnx
 from stacklib import parallel
 from stacklib.parallel.mlp import MLPClassifier
 
 AUTO = (AxisType.Auto,)
+
+
+class FlaxMLPClassifier(nnx.Module):
+    """stacklib.parallel.mlp.MLPClassifier written with the real flax.nnx, for comparisons."""
+
+    def __init__(self, num_features, num_hidden, num_classes, *, rngs):
+        def named(initializer, names):  # flax would shard eagerly, which needs a mesh; we build whole
+            return nnx.with_partitioning(initializer, names, eager_sharding=False)
+
+        self.fc1 = nnx.Linear(num_features, num_hidden, rngs=rngs,
+                              kernel_init=named(nnx.initializers.lecun_normal(), ("features", "hidden")),
+                              bias_init=named(nnx.initializers.zeros_init(), ("hidden",)))
+        self.fc2 = nnx.Linear(num_hidden, num_classes, rngs=rngs,
+                              kernel_init=named(nnx.initializers.lecun_normal(), ("hidden", "classes")),
+                              bias_init=named(nnx.initializers.zeros_init(), ("classes",)))
+
+    def __call__(self, x):
+        return self.fc2(jax.nn.relu(self.fc1(x)))
+
+
+def both_states(num_features=4, num_hidden=8, num_classes=2, seed=0):
+    """(our state, flax's state) of the same classifier from the same seed."""
+    ours = our_nnx.state(MLPClassifier(num_features, num_hidden, num_classes, rngs=our_nnx.Rngs(seed)))
+    theirs = nnx.state(FlaxMLPClassifier(num_features, num_hidden, num_classes, rngs=nnx.Rngs(seed)))
+    return ours, theirs
 
 
 def mesh_of(shape, names):
@@ -78,42 +104,58 @@ def test_logical_to_mesh_matches_flax_linen_on_a_pytree():
     assert ours == theirs
 
 
+# ---- the model: our classifier (stacklib.nn) and its flax twin, from the same seed.
+def test_the_flax_twin_has_the_same_weights_and_names():
+    ours, theirs = both_states()
+    our_vars, their_vars = our_nnx.to_flat_state(ours), nnx.to_flat_state(theirs)
+    assert [path for path, _ in our_vars] == [tuple(path) for path, _ in their_vars]
+    for (path, mine), (_, reference) in zip(our_vars, their_vars, strict=True):
+        assert mine.out_sharding == reference.out_sharding, path
+        np.testing.assert_array_equal(mine.get_value(), reference.get_value(), err_msg=str(path))
+
+
 def test_missing_names_are_none_where_flax_linen_agrees_and_nnx_differs():
     # A documented difference: nnx renames by the rules and keeps unmatched names.
-    state = nnx.state(MLPClassifier(4, 8, 2, rngs=nnx.Rngs(0)))
+    ours, theirs = both_states()
     rules = (("hidden", "model"),)
     with nnx.logical_axis_rules(rules):
-        theirs = nnx.get_partition_spec(state)
-    ours = parallel.get_partition_spec(state, rules)
-    assert theirs["fc1"]["kernel"].get_value() == P("features", "model")  # 'features' kept as a name
-    assert ours["fc1"]["kernel"].get_value() == P(None, "model")
+        their_specs = nnx.get_partition_spec(theirs)
+    assert their_specs["fc1"]["kernel"].get_value() == P("features", "model")  # 'features' kept as a name
+    assert parallel.get_partition_spec(ours, rules)["fc1"]["kernel"].get_value() == P(None, "model")
 
 
-# ---- state: rules where every logical name has a rule, so nnx and we must agree exactly.
+# ---- state: rules where every logical name has a rule, so nnx and we must agree exactly, on our
+# model's state, on the flax twin's state, and on our state as a plain dict with path annotations.
 STATE_RULES = [
     (("features", None), ("hidden", "data"), ("classes", None)),
     (("features", None), ("hidden", "model"), ("classes", None)),
     (("features", "model"), ("hidden", "data"), ("classes", None)),
 ]
+ANNOTATIONS = [("fc1/kernel", ("features", "hidden")), ("fc1/bias", ("hidden",)),
+               ("fc2/kernel", ("hidden", "classes")), ("fc2/bias", ("classes",))]
 
 
 @pytest.mark.parametrize("rules", STATE_RULES)
 def test_get_partition_spec_matches_nnx_when_every_name_has_a_rule(rules):
-    state = nnx.state(MLPClassifier(4, 8, 2, rngs=nnx.Rngs(0)))
+    ours, theirs = both_states()
     with nnx.logical_axis_rules(rules):
-        theirs = nnx.get_partition_spec(state)
-    ours = parallel.get_partition_spec(state, rules)
-    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-    assert jax.tree.leaves(ours) == jax.tree.leaves(theirs)
+        reference = nnx.get_partition_spec(theirs)
+    for state in [ours, theirs]:
+        specs = parallel.get_partition_spec(state, rules)
+        assert jax.tree.structure(specs) == jax.tree.structure(state)
+        assert jax.tree.leaves(specs) == jax.tree.leaves(reference)
+    pure = parallel.get_partition_spec(our_nnx.to_pure_dict(ours), rules, annotations=ANNOTATIONS)
+    assert jax.tree.leaves(pure) == jax.tree.leaves(reference)
 
 
 @pytest.mark.parametrize("rules", STATE_RULES)
 def test_get_named_sharding_matches_nnx(rules):
-    state = nnx.state(MLPClassifier(4, 8, 2, rngs=nnx.Rngs(0)))
+    ours, theirs = both_states()
     mesh = mesh_of((4, 2), ("data", "model"))
     with nnx.logical_axis_rules(rules):
-        theirs = nnx.get_named_sharding(state, mesh)
-    assert jax.tree.leaves(parallel.get_named_sharding(state, mesh, rules)) == jax.tree.leaves(theirs)
+        reference = jax.tree.leaves(nnx.get_named_sharding(theirs, mesh))
+    assert jax.tree.leaves(parallel.get_named_sharding(ours, mesh, rules)) == reference
+    assert jax.tree.leaves(parallel.get_named_sharding(theirs, mesh, rules)) == reference
 
 
 # ---- collectives: ring versions against jax.lax inside shard_map. Integer-valued floats for

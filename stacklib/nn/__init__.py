@@ -14,7 +14,8 @@ Use it where you would use `flax.nnx` (flax 0.12.8): `import stacklib.nn as nnx`
     model = nnx.merge(graphdef, params, rest)                    # and back
 
 The subset, file by file:
-  variables.py      Variable, Param, BatchStat (boxes with `[...]`, `.value`, metadata)
+  variables.py      Variable, Param, BatchStat (boxes with `[...]`, `.value`, metadata),
+                    VariableMetadata, with_metadata
   module.py         Module (train/eval, iter_modules, set_attributes), List, Dict, data
   rngs.py           Rngs, RngStream, RngState, RngKey, RngCount
   filters.py        filters for split/state: types, ..., tags, Not, Any, All, PathContains
@@ -25,6 +26,7 @@ The subset, file by file:
   stochastic.py     Dropout
   attention.py      MultiHeadAttention, dot_product_attention, make_causal_mask
   helpers.py        Sequential, summary (ours: a plain-text parameter table)
+  spmd.py           with_partitioning (logical axis names as `out_sharding` metadata)
   initializers.py   jax.nn.initializers, as flax re-exports them
 
 Training uses the functional path: `split` outside `jax.jit`, `merge` inside, `split`
@@ -44,16 +46,17 @@ from stacklib.nn.linear import Embed, Linear, LinearGeneral
 from stacklib.nn.module import Dict, List, Module, Object, data, iter_graph
 from stacklib.nn.normalization import LayerNorm, RMSNorm
 from stacklib.nn.rngs import RngCount, RngKey, Rngs, RngState, RngStream
+from stacklib.nn.spmd import with_partitioning
 from stacklib.nn.state import State, replace_by_pure_dict, to_flat_state, to_pure_dict
 from stacklib.nn.stochastic import Dropout
-from stacklib.nn.variables import BatchStat, Param, Variable
+from stacklib.nn.variables import BatchStat, Param, Variable, VariableMetadata, with_metadata
 
 __all__ = [
     "All", "Any", "BatchStat", "Dict", "Dropout", "Embed", "GraphDef", "LayerNorm", "Linear",
     "LinearGeneral", "List", "Module", "MultiHeadAttention", "Not", "Object", "OfType", "Param",
     "PathContains", "RMSNorm", "RngCount", "RngKey", "RngState", "RngStream", "Rngs", "Sequential",
-    "State", "Variable", "clone", "data", "dot_product_attention", "gelu", "graphdef", "initializers",
-    "iter_graph", "log_softmax", "make_causal_mask", "merge", "one_hot", "relu", "replace_by_pure_dict",
-    "sigmoid", "silu", "softmax", "split", "state", "summary", "tanh", "to_flat_state", "to_pure_dict",
-    "update",
+    "State", "Variable", "VariableMetadata", "clone", "data", "dot_product_attention", "gelu",
+    "graphdef", "initializers", "iter_graph", "log_softmax", "make_causal_mask", "merge", "one_hot",
+    "relu", "replace_by_pure_dict", "sigmoid", "silu", "softmax", "split", "state", "summary",
+    "tanh", "to_flat_state", "to_pure_dict", "update", "with_metadata", "with_partitioning",
 ]

@@ -15,12 +15,14 @@ is what makes `Linear(3, 4, rngs=nnx.Rngs(0))` bit-identical in both libraries.
 Differences from flax.nnx:
 - A wrong input size raises a ValueError that names the layer, the expected and the
   actual shape (flax lets `dot_general` fail with a TypeError).
-- No `dot_general`, `promote_dtype`, `preferred_element_type` or `*_metadata` arguments;
-  `LinearGeneral` has no `batch_axis`; no `Conv`, `Einsum` or `LoRA`.
+- No `dot_general`, `promote_dtype`, `preferred_element_type` or `*_metadata` arguments
+  (metadata comes with the initializer, e.g. `with_partitioning`, which flax accepts
+  too); `LinearGeneral` has no `batch_axis`; no `Conv`, `Einsum` or `LoRA`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +33,7 @@ import numpy as np
 from stacklib.nn import initializers
 from stacklib.nn.module import Module
 from stacklib.nn.rngs import Rngs
-from stacklib.nn.variables import Param
+from stacklib.nn.variables import Param, VariableMetadata
 
 default_kernel_init = initializers.lecun_normal()
 default_bias_init = initializers.zeros_init()
@@ -109,6 +111,14 @@ def _as_tuple(x: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(x) if isinstance(x, Sequence) else (x,)
 
 
+def _reshaped(value: Any, shape: tuple[int, ...]) -> Any:
+    # An initializer wrapped by `with_partitioning` returns its array inside a
+    # VariableMetadata; reshape the array and keep the metadata (its names describe `shape`).
+    if isinstance(value, VariableMetadata):
+        return dataclasses.replace(value, raw_value=jnp.reshape(value.raw_value, shape))
+    return jnp.reshape(value, shape)
+
+
 class LinearGeneral(Module):
     """A dense layer over several input axes and/or producing several output axes.
 
@@ -116,7 +126,9 @@ class LinearGeneral(Module):
     `(batch, length, features)` to `(batch, length, heads, head_dim)` and back.
 
     The kernel is initialised as a `(prod(in), prod(out))` matrix and reshaped, so fan-in
-    based initializers see the true fan-in (as in flax).
+    based initializers see the true fan-in (as in flax). Logical names given with
+    `with_partitioning` describe the reshaped kernel: one per axis of
+    `(*in_features, *out_features)`.
 
     Args:
       in_features: size(s) of the contracted input axes.
@@ -149,10 +161,10 @@ class LinearGeneral(Module):
             )
         flat_shape = (int(np.prod(self.in_features)), int(np.prod(self.out_features)))
         kernel = kernel_init(rngs.params(), flat_shape, param_dtype)
-        self.kernel = Param(jnp.reshape(kernel, self.in_features + self.out_features))
+        self.kernel = Param(_reshaped(kernel, self.in_features + self.out_features))
         if use_bias:
             bias = bias_init(rngs.params(), (flat_shape[1],), param_dtype)
-            self.bias = Param(jnp.reshape(bias, self.out_features))
+            self.bias = Param(_reshaped(bias, self.out_features))
         else:
             self.bias = None
         self.use_bias = use_bias

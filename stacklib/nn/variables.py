@@ -16,19 +16,34 @@ Each Variable type is a pytree node with one child, the array (path `.value`), a
 metadata as static data, so a `State` of Variables flattens to plain arrays for
 `jax.jit` and `jax.grad`, and comes back as Variables of the same types.
 
+An initializer can hand metadata to the Variable that will hold its array: wrapped by
+`with_metadata(init, name=value)`, it returns a `VariableMetadata` (array plus metadata),
+which the Variable unpacks. `with_partitioning` (spmd.py) uses this to attach logical
+axis names for sharding as `out_sharding` metadata.
+
 Differences from flax.nnx:
 - `.value` is a plain property here; flax 0.12 deprecates it in favour of `v[...]`
   (arrays) and `v.get_value()`/`v.set_value()`, which work on both and are what the
   chapters use.
-- No arithmetic on Variables (`v + 1`); write `v[...] + 1`. No hooks, sharding metadata,
-  `Ref`/hijax modes or eager sharding.
+- No arithmetic on Variables (`v + 1`); write `v[...] + 1`. No hooks (`with_metadata`
+  takes metadata only), `Ref`/hijax modes, `set_metadata`, or the required metadata
+  (`hijax`, `ref`, `eager_sharding`) that flax adds to every Variable, so our
+  `get_metadata()` is flax's `get_metadata(exclude_required=True)`.
+- Sharding metadata is recorded, never applied: there is no eager sharding, a Variable
+  holds its array where it was created. Placing a model on a mesh is a separate step
+  (`stacklib.parallel.shard_state`, chapter 07).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+
+_MISSING = object()
 
 
 def _flatten_with_keys(variable):
@@ -62,6 +77,10 @@ class Variable:
     """
 
     def __init__(self, value: Any, **metadata: Any):
+        if isinstance(value, VariableMetadata):
+            # As in flax, what the initializer attached wins over the keyword arguments.
+            metadata = {**metadata, **value.metadata}
+            value = value.raw_value
         self._value = value
         self._metadata = dict(metadata)
 
@@ -104,6 +123,18 @@ class Variable:
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
 
+    def get_metadata(self, name: str | None = None, default: Any = _MISSING) -> Any:
+        """All metadata as a new dict, or the entry `name` (`default` if it is absent).
+
+        Raises:
+          KeyError: `name` is not in the metadata and no `default` was given.
+        """
+        if name is None:
+            return dict(self._metadata)
+        if name not in self._metadata and default is not _MISSING:
+            return default
+        return self._metadata[name]
+
     def __getattr__(self, name: str) -> Any:
         metadata = self.__dict__.get("_metadata", {})
         if name in metadata:
@@ -143,3 +174,32 @@ class Param(Variable):
 
 class BatchStat(Variable):
     """A statistic the forward pass updates (e.g. BatchNorm's running mean); not trained."""
+
+
+@dataclasses.dataclass
+class VariableMetadata:
+    """An initializer's array with metadata for the Variable that will hold it.
+
+    `Variable(VariableMetadata(array, metadata={...}))` holds `array` and has the metadata.
+    Layers that reshape an initializer's output (e.g. `LinearGeneral`) reshape `raw_value`.
+    """
+
+    raw_value: Any
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def with_metadata(initializer: Callable, **metadata: Any) -> Callable:
+    """Wrap `initializer` so that the Variable built from its output carries `metadata`.
+
+    Example: `Linear(3, 4, kernel_init=with_metadata(lecun_normal(), role="kernel"),
+    rngs=rngs).kernel.role == "kernel"`.
+
+    Returns:
+      A function with the initializer's arguments that returns a `VariableMetadata`.
+    """
+
+    @functools.wraps(initializer)
+    def wrapper(*args):
+        return VariableMetadata(initializer(*args), metadata=metadata)
+
+    return wrapper

@@ -8,11 +8,11 @@ enough to read:
   mesh        `make_mesh` that falls back to simulated CPU devices on a one-chip runtime
   layout      which block of an array each device holds; divisibility errors that say where
   rules       logical axis names -> mesh axes (Flax Linen / MaxText style)
-  state       PartitionSpecs and shardings for a model's state (`nnx.State` or any pytree)
+  state       PartitionSpecs and shardings for a model's state (stacklib.nn or flax State, any pytree)
   ring        all-gather, reduce-scatter and all-reduce built from `ppermute`
   hlo         the collectives a compiled program runs, and their bytes
   costs       the alpha-beta ring model of collective time (scaling-book style)
-  mlp         the chapter-02 MLP classifier with named axes, and its SGD step
+  mlp         an MLP classifier built with stacklib.nn, with named axes, and its SGD step
   launch      several JAX processes on one machine (`jax.distributed`, gloo)
   multihost_step   the program those processes run together
 """

@@ -1,8 +1,8 @@
-"""The chapter-02 model for the sharding lessons: an MLP classifier with named axes.
+"""The model of the sharding lessons: an MLP classifier built with `stacklib.nn`, with named axes.
 
-A stand-in, built with the real `flax.nnx`, for the classifier of chapter 02 (which
-builds `stacklib.nn`): two `nnx.Linear` layers with a ReLU between them, whose
-parameters carry logical axis names through `nnx.with_partitioning`:
+Two `nnx.Linear` layers with a ReLU between them, built with the module library of
+chapter 02 (`import stacklib.nn as nnx`), whose parameters carry logical axis names
+through `nnx.with_partitioning`:
 
     fc1.kernel  ("features", "hidden")      fc1.bias  ("hidden",)
     fc2.kernel  ("hidden", "classes")       fc2.bias  ("classes",)
@@ -13,8 +13,10 @@ devices; the rules of `stacklib.parallel.rules` decide which mesh axes they use.
 The training step is plain SGD on the pure `nnx.State`, so that it can be jitted
 with any shardings, run inside `shard_map`, or run in several processes.
 
-Differences from chapter 02's model: this one exists only so that chapter 07 does not
-depend on `stacklib.nn`; it uses `nnx.Linear` as is.
+Differences from chapter 02's classifier: no LayerNorm or Dropout, so that the state
+is parameters only and every strategy's step is a pure function of it. The same class
+written with `flax.nnx` (and `eager_sharding=False`) gives the same weights from the
+same seed and the same names; tests/test_parallel_parity.py checks both.
 """
 
 from __future__ import annotations
@@ -24,17 +26,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+
+import stacklib.nn as nnx
 
 # Logical names of the inputs, for the rules (the parameters carry theirs).
 BATCH_AXES = ("batch", "features")
 LABEL_AXES = ("batch",)
-
-
-def _named(initializer, names: tuple[str, ...]):
-    # eager_sharding=False: build the model unsharded on one device; the chapter
-    # places it on a mesh afterwards, with whatever rules it is studying.
-    return nnx.with_partitioning(initializer, names, eager_sharding=False)
 
 
 class MLPClassifier(nnx.Module):
@@ -43,13 +40,13 @@ class MLPClassifier(nnx.Module):
     def __init__(self, num_features: int, num_hidden: int, num_classes: int, *, rngs: nnx.Rngs):
         self.fc1 = nnx.Linear(
             num_features, num_hidden, rngs=rngs,
-            kernel_init=_named(nnx.initializers.lecun_normal(), ("features", "hidden")),
-            bias_init=_named(nnx.initializers.zeros_init(), ("hidden",)),
+            kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("features", "hidden")),
+            bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("hidden",)),
         )
         self.fc2 = nnx.Linear(
             num_hidden, num_classes, rngs=rngs,
-            kernel_init=_named(nnx.initializers.lecun_normal(), ("hidden", "classes")),
-            bias_init=_named(nnx.initializers.zeros_init(), ("classes",)),
+            kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("hidden", "classes")),
+            bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("classes",)),
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -2,10 +2,11 @@
 
 Each process runs this same program (multi-controller JAX); `launch_local` starts
 them. Together they hold one global mesh over every process's devices, train the
-chapter-02 MLP with FSDP (batch and hidden units split over all devices, so every
-step all-gathers parameters across processes), and print one JSON line
-`RESULT {...}` with what this process saw: its index, its local devices, which rows
-of the batch it holds, the losses, and the final parameters (gathered).
+MLP of `stacklib.parallel.mlp` (built with `stacklib.nn`) with FSDP (batch and
+hidden units split over all devices, so every step all-gathers parameters across
+processes), and print one JSON line `RESULT {...}` with what this process saw: its
+index, its local devices, which rows of the batch it holds, the losses, and the
+final parameters (gathered).
 
 Every process generates the whole batch from the same seed and feeds only its own
 rows, the way each host of a pod reads its own share of the data.
@@ -42,10 +43,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     import jax
     import numpy as np
-    from flax import nnx
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    import stacklib.nn as nnx
     from stacklib.parallel.mesh import make_mesh
     from stacklib.parallel.mlp import MLPClassifier, make_blobs, make_sgd_step
     from stacklib.parallel.state import get_named_sharding, shard_state

@@ -2,12 +2,12 @@
 
 Mirrors `flax.nnx.get_partition_spec(state)` and `flax.nnx.get_named_sharding(state,
 mesh)`, followed by the usual `jax.device_put(state, shardings)`. A state is any
-pytree whose leaves are arrays or `flax.nnx.Variable`s (an `nnx.State` from
-`nnx.split`, or the plain dict of `nnx.to_pure_dict`). Each leaf's logical axis names
-come from, in order:
+pytree whose leaves are arrays or Variables, of `stacklib.nn` or of `flax.nnx` (a
+`State` from `nnx.split`, or the plain dict of `nnx.to_pure_dict`). Each leaf's
+logical axis names come from, in order:
 
   1. the Variable's `out_sharding` metadata, which `nnx.with_partitioning(init, names)`
-     sets when the model is built;
+     sets when the model is built (both libraries store it under that name);
   2. the first `(pattern, names)` pair of `annotations` whose regular expression
      matches the leaf's '/'-joined path in full (e.g. `("fc1/kernel", ("features",
      "hidden"))`), for pytrees that carry no metadata;
@@ -31,17 +31,23 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
+from flax import nnx as flax_nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import stacklib.nn as nnx
 from stacklib.parallel.layout import normalize_spec
 from stacklib.parallel.rules import LogicalRules, logical_to_mesh_axes
 
 Annotations = Sequence[tuple[str, tuple[str | None, ...]]]
 
+# Our Variables and flax's offer what this module needs under the same names:
+# `get_metadata()`, `get_value()` and `replace(value)`. Flax's are accepted so that the
+# chapter can check these functions against flax's own on a flax model.
+_VARIABLE_TYPES = (nnx.Variable, flax_nnx.Variable)
+
 
 def _is_variable(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
+    return isinstance(x, _VARIABLE_TYPES)
 
 
 def path_name(path) -> str:
@@ -96,7 +102,7 @@ def get_partition_spec(tree: Any, rules: LogicalRules, *, annotations: Annotatio
     """The PartitionSpec of every leaf of a state: logical names mapped through `rules`.
 
     Args:
-      tree: a pytree of arrays and/or `nnx.Variable`s (e.g. an `nnx.State`).
+      tree: a pytree of arrays and/or Variables (e.g. an `nnx.State`).
       rules: (logical name, mesh axes) pairs, as for `logical_to_mesh_axes`.
       annotations: (path regex, logical names) pairs for leaves without metadata.
 
