@@ -29,10 +29,6 @@ import numpy as np
 
 import stacklib.nn as nnx
 
-# Logical names of the inputs, for the rules (the parameters carry theirs).
-BATCH_AXES = ("batch", "features")
-LABEL_AXES = ("batch",)
-
 
 class MLPClassifier(nnx.Module):
     """features -> hidden (ReLU) -> class logits, with logical axis names on every parameter."""
