@@ -28,7 +28,7 @@ test: $(STAMP)  ## everything: units, parity, grading, every notebook, structura
 		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -m "not slow" tests
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" tests
 
 notebooks: $(STAMP)  ## regenerate each chapter's .ipynb from its edited .md twin (or the reverse)
 	$(BIN)/jupytext --sync chapters/*.md
