@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stacklib.data.dataset import DatasetIterator, IterDataset, MapDataset
+from stacklib.data.dataset import DatasetIterator, IterDataset, MapDataset, ParentStateIterator
 from stacklib.data.filter import FilterMapDataset
 
 
@@ -128,11 +128,12 @@ class BatchIterDataset(IterDataset):
         return f"BatchIterDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
 
 
-class _BatchDatasetIterator(DatasetIterator):
+class _BatchDatasetIterator(ParentStateIterator):
     """Collects whole batches, so between two `next` calls its state is its parent's."""
 
     def __init__(self, dataset: BatchIterDataset, parent: DatasetIterator):
-        self._dataset, self._parent = dataset, parent
+        super().__init__(parent)
+        self._dataset = dataset
 
     def __next__(self) -> Any:
         values = []
@@ -144,12 +145,3 @@ class _BatchDatasetIterator(DatasetIterator):
         if not values or (self._dataset._drop_remainder and len(values) < self._dataset._batch_size):
             raise StopIteration
         return self._dataset._batch_fn(values)
-
-    def get_state(self) -> dict[str, Any]:
-        return self._parent.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state)
-
-    def close(self) -> None:
-        self._parent.close()

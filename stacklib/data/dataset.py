@@ -250,6 +250,26 @@ class DatasetIterator(Iterator, abc.ABC):
         return type(self).__name__
 
 
+class ParentStateIterator(DatasetIterator):
+    """An iterator that keeps no position of its own, so its state is its parent's.
+
+    Map, filter and batch consume whole elements of the parent between two `next` calls,
+    so saving and restoring the parent's position is all there is to do.
+    """
+
+    def __init__(self, parent: DatasetIterator):
+        self._parent = parent
+
+    def get_state(self) -> dict[str, Any]:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state)
+
+    def close(self) -> None:
+        self._parent.close()
+
+
 def transform_name(transform: Callable) -> str:
     """A readable name for a user's function (lambdas and partials included)."""
     return getattr(transform, "__name__", None) or type(transform).__name__

@@ -21,6 +21,7 @@ from stacklib.data.dataset import (
     DatasetIterator,
     IterDataset,
     MapDataset,
+    ParentStateIterator,
     note_failing_element,
     transform_name,
 )
@@ -76,11 +77,12 @@ class FilterIterDataset(IterDataset):
         return f"FilterIterDataset(transform={transform_name(self._transform)})"
 
 
-class _FilterDatasetIterator(DatasetIterator):
+class _FilterDatasetIterator(ParentStateIterator):
     """Pulls from its parent until an element passes; its state is its parent's."""
 
     def __init__(self, dataset: FilterIterDataset, parent: DatasetIterator):
-        self._dataset, self._parent = dataset, parent
+        super().__init__(parent)
+        self._dataset = dataset
         self._count = 0
 
     def __next__(self) -> Any:
@@ -95,12 +97,3 @@ class _FilterDatasetIterator(DatasetIterator):
                 raise
             if keep:
                 return element
-
-    def get_state(self) -> dict[str, Any]:
-        return self._parent.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state)
-
-    def close(self) -> None:
-        self._parent.close()

@@ -29,6 +29,7 @@ from stacklib.data.dataset import (
     DatasetIterator,
     IterDataset,
     MapDataset,
+    ParentStateIterator,
     note_failing_element,
     transform_name,
 )
@@ -124,11 +125,12 @@ class MapIterDataset(IterDataset):
         return f"MapIterDataset(transform={transform_name(self._transform)})"
 
 
-class _MapDatasetIterator(DatasetIterator):
+class _MapDatasetIterator(ParentStateIterator):
     """Maps as it goes; one element in, one out, so its state is its parent's."""
 
     def __init__(self, dataset: MapIterDataset, parent: DatasetIterator):
-        self._dataset, self._parent = dataset, parent
+        super().__init__(parent)
+        self._dataset = dataset
         self._count = 0  # elements produced, only to name a failing one
 
     def __next__(self) -> Any:
@@ -140,12 +142,3 @@ class _MapDatasetIterator(DatasetIterator):
             where = f"its element {self._count - 1} (counted from creation or set_state)"
             note_failing_element(error, self._dataset, where)
             raise
-
-    def get_state(self) -> dict[str, Any]:
-        return self._parent.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state)
-
-    def close(self) -> None:
-        self._parent.close()
