@@ -7,6 +7,7 @@ helpers. Instructors run `python -m stacklib.grading grade FOLDER`.
 
 from stacklib.grading.expect import (
     CaseFailure,
+    call_on_copies,
     expect,
     expect_close,
     expect_equal,
@@ -28,6 +29,7 @@ __all__ = [
     "Exercise",
     "ExerciseResult",
     "UnknownExerciseError",
+    "call_on_copies",
     "check",
     "exercises_of_chapter",
     "expect",

@@ -12,6 +12,7 @@ depend on JAX.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -188,3 +189,41 @@ def expect_gradient(
     expect_close(
         gradient_fn(x), numerical_gradient(f, x), rtol=rtol, atol=atol, what="the gradient"
     )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Deep equality for the inputs cases hand to learners (arrays compared by value)."""
+    try:
+        expect_equal(a, b)
+    except CaseFailure:
+        return False
+    except Exception:  # not an array tree (an object, a generator): compare as Python values
+        try:
+            return bool(a == b)
+        except Exception:
+            return False
+    return True
+
+
+def call_on_copies(function: Callable, *args: Any, what: str = "your function", **kwargs: Any) -> Any:
+    """Call the learner's `function` on deep copies of its arguments, and return its result.
+
+    Cases compute their expected answer from the original arguments, before or after this
+    call: the learner never sees them, so an answer that changes its inputs in place
+    cannot change the expectation. Changing an input is itself a mistake worth naming
+    (the caller's data would change under it), so it fails with its own message.
+
+    Raises:
+      CaseFailure: the function changed one of its arguments in place.
+    """
+    given_args, given_kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
+    result = function(*given_args, **given_kwargs)
+    changed = [f"argument {i + 1}" for i, (original, given) in enumerate(zip(args, given_args))
+               if not _same_value(given, original)]
+    changed += [f"argument {name}=" for name in kwargs if not _same_value(given_kwargs[name], kwargs[name])]
+    if changed:
+        raise CaseFailure(
+            f"{what} changed its input in place ({', '.join(changed)}): the caller's data must stay as "
+            "it was. Work on a copy (e.g. np.array(x), list(x)) or build new arrays instead"
+        )
+    return result
