@@ -1,13 +1,17 @@
 """Chapter 04's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import json
+import re
+
 import numpy as np
 import pytest
+from conftest import ROOT
 from grain._src.core.sharding import ShardOptions
 from grain._src.core.sharding import even_split as grain_even_split
 
 import stacklib.data as sd
 from stacklib.cases.ch04 import even_split_reference
-from stacklib.grading import grade
+from stacklib.grading import get_exercise, grade
 
 
 def shuffled_position(index, n, seed):
@@ -60,6 +64,26 @@ def test_a_right_answer_scores_full_marks(exercise_id):
     assert result.points == result.max_points, [c.message for c in result.cases]
 
 
+def test_a_round_function_that_hashes_a_tuple_mixes_well_enough():
+    # The exercise warns against hash() of integers, which is the identity; hashing a tuple of them
+    # does mix (CPython's tuple hash multiplies and rotates), and scores like any good round function.
+    result = grade("04.index_shuffle", hash_of_a_tuple)
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+def test_each_exercise_heading_states_the_points_its_cases_give():
+    cells = json.loads((ROOT / "solutions" / "04_data.ipynb").read_text())["cells"]
+    stated, points = {}, None
+    for cell in cells:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("(\d\d\.\w+)"', source)):
+            stated[call.group(1)] = points
+    assert stated == {exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
+
+
 def test_the_cases_reference_split_is_grains():
     for n in range(0, 40):
         for count in range(1, 9):
@@ -84,6 +108,37 @@ def feistel_modulo(index, n, seed):
     return sd.index_shuffle(index, block, seed) % n  # no cycle walking: positions collide
 
 
+def _feistel_with_round(round_function, rounds=6):
+    """An index shuffle as the exercise describes it, with the given round function F(seed, r, right)."""
+
+    def shuffled_position(index, n, seed):
+        bits = max(8, max(n - 1, 1).bit_length())
+        bits += bits % 2
+        half, mask = bits // 2, (1 << bits // 2) - 1
+
+        def encrypt(x):
+            left, right = x >> half, x & mask
+            for r in range(rounds):
+                left, right = right, left ^ (round_function(seed, r, right) & mask)
+            return (left << half) | right
+
+        x = encrypt(index)
+        while x >= n:
+            x = encrypt(x)
+        return x
+
+    return shuffled_position
+
+
+hash_of_the_integers = _feistel_with_round(lambda seed, r, right: hash(right * (seed + 1) + r))
+hash_xor_seed = _feistel_with_round(lambda seed, r, right: hash(right ^ seed ^ r))
+hash_of_a_tuple = _feistel_with_round(lambda seed, r, right: hash((seed, r, right)))  # mixes: a right answer
+
+
+def ignores_the_seed(index, n, seed):
+    return sd.index_shuffle(index, n - 1, 0)
+
+
 def batches_of_lists(records, batch_size, drop_remainder=False):
     return [records[i:i + batch_size] for i in range(0, len(records), batch_size)]
 
@@ -95,6 +150,24 @@ def one_batch_too_many(records, batch_size, drop_remainder=False):
 
 def ignores_drop_remainder(records, batch_size, drop_remainder=False):
     return make_batches(records, batch_size)
+
+
+def adds_one_in_place(records, batch_size, drop_remainder=False):
+    for record in records:  # "normalises" the caller's arrays in place
+        for leaf in (record.values() if isinstance(record, dict) else [record]):
+            if isinstance(leaf, np.ndarray):
+                leaf += 1
+    return make_batches(records, batch_size, drop_remainder)
+
+
+def clears_the_records_afterwards(records, batch_size, drop_remainder=False):
+    batches = make_batches(records, batch_size, drop_remainder)
+    records.clear()  # "frees memory": the caller's list is now empty
+    return batches
+
+
+def yields_batches(records, batch_size, drop_remainder=False):
+    yield from make_batches(records, batch_size, drop_remainder)  # a generator, not the list asked for
 
 
 class CountsBatches(BatchIterator):
@@ -120,6 +193,41 @@ class SavesTheElements(BatchIterator):
         self.dataset, self.next_index = state["remaining"], 0
 
 
+class ReplaysBatches(CountsBatches):
+    """Saves the number of batches, and restores by replaying that many from the start: right, but it
+    reads the whole dataset again, which the exercise rules out."""
+
+    def set_state(self, state):
+        self.next_index, self.batches = 0, 0
+        for _ in range(state["batches"]):
+            next(self)
+
+
+class KeepsOneStateDict(BatchIterator):
+    def __init__(self, dataset, batch_size):
+        super().__init__(dataset, batch_size)
+        self.state = {"next_index": 0}
+
+    def __next__(self):
+        self.next_index = self.state["next_index"]
+        batch = super().__next__()
+        self.state["next_index"] = self.next_index
+        return batch
+
+    def get_state(self):
+        return self.state  # the live dict: a saved state moves on with the iterator
+
+    def set_state(self, state):
+        self.state = dict(state)
+
+
+class RemovesTheNonesInPlace(BatchIterator):
+    def __init__(self, dataset, batch_size):
+        while None in dataset:
+            dataset.remove(None)  # the caller's list loses its Nones
+        super().__init__(dataset, batch_size)
+
+
 class ForgetsToRestore(BatchIterator):
     def set_state(self, state):
         pass
@@ -130,6 +238,20 @@ def ignores_the_remainder(n, shard_index, shard_count, drop_remainder=False):
     return per_shard * shard_index, per_shard * (shard_index + 1)
 
 
+def ceil_sized_shards(n, shard_index, shard_count, drop_remainder=False):
+    per_shard = n // shard_count if drop_remainder else -(-n // shard_count)  # ceil: the last ones run short
+    return min(per_shard * shard_index, n), min(per_shard * (shard_index + 1), n)
+
+
+def larger_shards_last(n, shard_index, shard_count, drop_remainder=False):
+    per_shard, remainder = divmod(n, shard_count)
+    if drop_remainder:
+        return per_shard * shard_index, per_shard * (shard_index + 1)
+    smaller = shard_count - remainder  # the first shards get q records, the last r get q + 1
+    start = per_shard * shard_index + max(0, shard_index - smaller)
+    return start, start + per_shard + (shard_index >= smaller)
+
+
 def last_takes_the_rest(n, shard_index, shard_count, drop_remainder=False):
     per_shard = n // shard_count
     stop = n if shard_index == shard_count - 1 and not drop_remainder else per_shard * (shard_index + 1)
@@ -138,17 +260,28 @@ def last_takes_the_rest(n, shard_index, shard_count, drop_remainder=False):
 
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
-    ("04.index_shuffle", materialised_shuffle, 5, "materialises the permutation"),
+    ("04.index_shuffle", materialised_shuffle, 7, "materialises the permutation"),
     ("04.index_shuffle", affine_shuffle, 5, "a multiplication modulo n, not a shuffle"),
-    ("04.index_shuffle", feistel_modulo, 5, "modulo instead of cycle walking"),
+    ("04.index_shuffle", feistel_modulo, 7, "modulo instead of cycle walking"),
+    ("04.index_shuffle", hash_of_the_integers, 5, "F = hash() of arithmetic on the integers: no mixing"),
+    ("04.index_shuffle", hash_xor_seed, 4, "F = hash(right ^ seed ^ r): linear, and the seed cancels out"),
+    ("04.index_shuffle", ignores_the_seed, 8, "every seed gives the same order"),
     ("04.batch", batches_of_lists, 0, "lists, not stacked arrays"),
     ("04.batch", one_batch_too_many, 3, "an empty batch at exact multiples"),
     ("04.batch", ignores_drop_remainder, 2, "ignores drop_remainder"),
+    ("04.batch", adds_one_in_place, 2, "adds 1 to the caller's arrays in place"),
+    ("04.batch", clears_the_records_afterwards, 0, "right batches, then clears the caller's list"),
+    ("04.batch", yields_batches, 0, "a generator, not a list"),
     ("04.iterator_state", CountsBatches, 2, "counts batches instead of elements"),
-    ("04.iterator_state", SavesTheElements, 4, "saves the elements themselves"),
+    ("04.iterator_state", ReplaysBatches, 5, "counts batches and replays them from the start"),
+    ("04.iterator_state", KeepsOneStateDict, 5, "get_state returns the live state dict"),
+    ("04.iterator_state", RemovesTheNonesInPlace, 0, "removes the Nones from the caller's list"),
+    ("04.iterator_state", SavesTheElements, 5, "saves the elements themselves"),
     ("04.iterator_state", ForgetsToRestore, 2, "set_state does nothing"),
     ("04.even_split", ignores_the_remainder, 1, "drops the remainder always"),
     ("04.even_split", last_takes_the_rest, 2, "the last shard takes the remainder"),
+    ("04.even_split", ceil_sized_shards, 2, "ceil(n / count) per shard"),
+    ("04.even_split", larger_shards_last, 2, "the larger shards last"),
 ]
 
 

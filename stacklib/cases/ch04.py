@@ -1,11 +1,18 @@
-"""Chapter 04 exercises: an index shuffle, batching with a remainder, iterator state, an even split."""
+"""Chapter 04 exercises: an index shuffle, batching with a remainder, iterator state, an even split.
+
+Every expected answer is computed before the learner's code runs, and the learner gets
+copies of the records and datasets (`call_on_copies`, `_given`), so an answer that
+changes its inputs in place cannot change what it is compared with; it fails with a
+message that says so instead.
+"""
 
 import json
+import operator
 
 import numpy as np
 
 import stacklib.data as sd
-from stacklib.grading import Exercise, expect, expect_equal
+from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_equal
 
 # 04.index_shuffle -----------------------------------------------------------------------
 
@@ -47,6 +54,26 @@ def looks_shuffled(position):
     expect(correlation < 0.2, f"position and index are correlated (|r| = {correlation:.2f})")
 
 
+@index_shuffle.case(points=2, hint="hash() of an integer is the integer itself (hash(5) == 5), so a round "
+                                   "function made of hash() and arithmetic on the integers mixes nothing. "
+                                   "Mix the bits: multiply by a large odd constant, xor with a right shift "
+                                   "of itself, repeat, then mask.")
+def mixes_the_bits_of_the_index(position):
+    n = 4096  # a power of two: every index is in the block, so this sees the network itself
+    for seed in (0, 1):
+        order = np.array(_order(position, n, seed))
+        for bit in range(12):
+            # For a shuffle, position(i) ^ position(i with that bit flipped) looks random over i. For a
+            # network whose round function is linear (as hash() of an int is), it is one fixed pattern.
+            pattern = order[np.arange(n) ^ (1 << bit)] ^ order
+            values, counts = np.unique(pattern, return_counts=True)
+            most = int(counts.max())
+            expect(most < n // 8,  # a good network: about 10 of 4096; a linear one: all 4096
+                   f"seed {seed}: flipping bit {bit} of the index xors the position with "
+                   f"{int(values[counts.argmax()])} for {most} of {n} indices: the round function does "
+                   "not mix, so the order has a pattern")
+
+
 @index_shuffle.case(points=2, time_limit_s=5, hint="Do not build the permutation: 10**12 indices do "
                                                    "not fit in memory. Compute only the index asked for.")
 def answers_one_index_of_a_trillion(position):
@@ -65,32 +92,44 @@ def _reference_batches(records, batch_size, drop_remainder):
     return list(sd.MapDataset.source(records).batch(batch_size, drop_remainder=drop_remainder))
 
 
+def _batches(make_batches, records, batch_size, **drop_remainder):
+    got = call_on_copies(make_batches, records, batch_size, what="make_batches", **drop_remainder)
+    expect(isinstance(got, list), f"make_batches should return a list of batches, got a {type(got).__name__}")
+    return got
+
+
 @batch.case(hint="Batch j holds records j*b ... min((j+1)*b, n) - 1, stacked with np.stack.")
 def keeps_the_remainder_by_default(make_batches):
-    expect_equal(make_batches(list(range(10)), 4), _reference_batches(list(range(10)), 4, False),
-                 what="make_batches(range(10), 4)")
+    records = [np.arange(3) + i for i in range(10)]
+    expected = _reference_batches(records, 4, False)
+    expect_equal(_batches(make_batches, records, 4), expected, what="make_batches(records, 4)")
 
 
 @batch.case(hint="With drop_remainder=True there are n // b batches.")
 def drops_the_remainder_when_asked(make_batches):
-    expect_equal(make_batches(list(range(10)), 4, drop_remainder=True),
-                 _reference_batches(list(range(10)), 4, True), what="make_batches(..., drop_remainder=True)")
+    records = list(range(10))
+    expected = _reference_batches(records, 4, True)
+    expect_equal(_batches(make_batches, records, 4, drop_remainder=True), expected,
+                 what="make_batches(range(10), 4, drop_remainder=True)")
 
 
 @batch.case(hint="Stack each field of dict records separately: {'x': (b, ...), 'y': (b,)}; keep the dtypes.")
 def stacks_dict_records_field_by_field(make_batches):
     records = [{"x": np.full(3, i, np.float16), "y": np.int32(i)} for i in range(5)]
-    expect_equal(make_batches(records, 2), _reference_batches(records, 2, False), what="batches of dicts")
+    expected = _reference_batches(records, 2, False)
+    expect_equal(_batches(make_batches, records, 2), expected, what="batches of dicts")
 
 
 @batch.case(hint="ceil(n / b) batches: 10 records in batches of 5 make 2, not 3; 3 records in batches of 8 "
                  "make one short batch, or none with drop_remainder.")
 def has_no_empty_batch_at_exact_multiples(make_batches):
-    got = make_batches(list(range(10)), 5)
+    got = _batches(make_batches, list(range(10)), 5)
     expect(len(got) == 2, f"10 records, batch size 5: expected 2 batches, got {len(got)}")
-    expect_equal(make_batches([1, 2, 3], 8), [np.array([1, 2, 3])], what="make_batches([1, 2, 3], 8)")
-    expect(make_batches([1, 2, 3], 8, drop_remainder=True) == [],
-           "3 records, batch size 8, drop_remainder=True: expected no batches")
+    expect_equal(_batches(make_batches, [1, 2, 3], 8), [np.array([1, 2, 3])],
+                 what="make_batches([1, 2, 3], 8)")
+    got = _batches(make_batches, [1, 2, 3], 8, drop_remainder=True)
+    expect(isinstance(got, list) and len(got) == 0,
+           f"3 records, batch size 8, drop_remainder=True: expected no batches ([]), got {got!r:.80}")
 
 
 # 04.iterator_state ----------------------------------------------------------------------
@@ -101,44 +140,114 @@ _WITH_HOLES = [0, None, 2, 3, None, 5, 6, None, None, 9, 10]
 _EXPECTED = [[0, 2], [3, 5], [6, 9], [10]]
 
 
+def _given(dataset):
+    """A copy of `dataset` for the learner's iterator (the case's own stays as it was)."""
+    return list(dataset)
+
+
+def _expect_unchanged(given, original):
+    if list.__eq__(given, list(original)) is not True:  # list's own comparison: no reads are logged
+        raise CaseFailure(
+            "your iterator changed the dataset list it was given (e.g. removed its Nones): the caller's "
+            "data must stay as it was. Skip the Nones as you read, or work on a copy (list(dataset))"
+        )
+
+
 @iterator_state.case(hint="Skip None elements (filtered out); the last batch may be short; "
                           "then raise StopIteration.")
 def iterates_batches_skipping_nones(BatchIterator):
-    got = [list(b) for b in BatchIterator(_WITH_HOLES, 2)]
+    dataset = _given(_WITH_HOLES)
+    got = [list(b) for b in BatchIterator(dataset, 2)]
+    _expect_unchanged(dataset, _WITH_HOLES)
     expect(got == _EXPECTED, f"expected {_EXPECTED}, got {got}")
 
 
 @iterator_state.case(points=2, hint="Store the index of the next element to read (not the number of batches: "
                                     "Nones make batches span more elements than batch_size).")
 def a_restored_iterator_continues_exactly_at_every_step(BatchIterator):
-    iterator = BatchIterator(_WITH_HOLES, 2)
+    dataset = _given(_WITH_HOLES)
+    iterator = BatchIterator(dataset, 2)
     for consumed in range(len(_EXPECTED) + 1):
         state = json.loads(json.dumps(iterator.get_state()))
-        fresh = BatchIterator(_WITH_HOLES, 2)
+        fresh_dataset = _given(_WITH_HOLES)
+        fresh = BatchIterator(fresh_dataset, 2)
         fresh.set_state(state)
         rest = [list(b) for b in fresh]
+        _expect_unchanged(dataset, _WITH_HOLES)
+        _expect_unchanged(fresh_dataset, _WITH_HOLES)
         expect(rest == _EXPECTED[consumed:],
                f"restored after {consumed} batches: expected {_EXPECTED[consumed:]}, got {rest}")
         if consumed < len(_EXPECTED):
             next(iterator)
 
 
-@iterator_state.case(hint="The state is a small dict of numbers, not the elements themselves.")
+class _ReadLog(list):
+    """A list that records which of its positions are read, by index, slice or iteration."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.read: list[int] = []
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            self.read.extend(range(*key.indices(len(self))))
+            return list(super().__getitem__(key))
+        index = operator.index(key)
+        self.read.append(index + len(self) if index < 0 else index)
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+@iterator_state.case(hint="set_state must go straight to the saved position: replaying the batches returned "
+                          "so far from the start re-reads (in a real pipeline: recomputes) everything before "
+                          "it. Store the index of the next element to read.")
+def restoring_does_not_read_the_data_again(BatchIterator):
+    holes = [None if i % 3 == 1 else i for i in range(60)]
+    kept = [i for i, x in enumerate(holes) if x is not None]
+    position = kept[4 * 3 - 1] + 1  # four batches of 3 end with element 17; 18 is the next to read
+    iterator = BatchIterator(_ReadLog(holes), 3)
+    for _ in range(4):
+        next(iterator)
+    state = json.loads(json.dumps(iterator.get_state()))
+    dataset = _ReadLog(holes)
+    fresh = BatchIterator(dataset, 3)
+    dataset.read.clear()  # reading during construction (e.g. copying the list) is allowed
+    fresh.set_state(state)
+    got = list(next(fresh))
+    again = sorted({i for i in dataset.read if i < position})
+    _expect_unchanged(dataset, holes)
+    expect(not again, f"restoring after 4 batches (elements 0 to {position - 1} consumed) read element(s) "
+                      f"{again[:3]}{'...' if len(again) > 3 else ''} again before returning {got}")
+
+
+@iterator_state.case(hint="get_state returns a small dict of numbers, not the elements themselves.")
 def the_state_is_small_json(BatchIterator):
-    iterator = BatchIterator(list(range(1000)), 10)
+    records = [None if i % 10 == 3 else i for i in range(1000)]
+    dataset = _given(records)
+    iterator = BatchIterator(dataset, 10)
     next(iterator)
-    text = json.dumps(iterator.get_state())
-    expect(len(text) < 200, f"the state of a 1000-element iterator is {len(text)} characters of JSON")
+    state = iterator.get_state()
+    _expect_unchanged(dataset, records)
+    expect(isinstance(state, dict), f"get_state should return a dict, got {type(state).__name__}")
+    text = json.dumps(state)
+    expect(len(text) < 200, f"the state of a 1000-element iterator is {len(text)} characters of JSON: "
+                            f"{text:.60}...")
 
 
-@iterator_state.case(hint="set_state must also move an iterator that has already run (rewind it).")
+@iterator_state.case(hint="set_state must also move an iterator that has already run (rewind it), and "
+                          "get_state must return a new dict, not one the iterator keeps changing.")
 def set_state_rewinds_a_running_iterator(BatchIterator):
-    iterator = BatchIterator(_WITH_HOLES, 2)
+    dataset = _given(_WITH_HOLES)
+    iterator = BatchIterator(dataset, 2)
     next(iterator)
     state = iterator.get_state()
     next(iterator), next(iterator)
     iterator.set_state(state)
     got = list(next(iterator))
+    _expect_unchanged(dataset, _WITH_HOLES)
     expect(got == _EXPECTED[1], f"after set_state, expected {_EXPECTED[1]}, got {got}")
 
 
@@ -169,10 +278,12 @@ def shards_are_disjoint_and_complete(split):
                                           f"expected each of range({n}) exactly once, in order")
 
 
-@even_split_exercise.case(hint="Give the n % count extra records to the first shards, one each.")
+@even_split_exercise.case(hint="Give the n % count extra records to the first shards, one each: sizes "
+                               "q + 1 then q, never further apart.")
 def shard_sizes_differ_by_at_most_one_larger_first(split):
-    sizes = [stop - start for start, stop in _splits(split, 11, 4)]
-    expect(sizes == [3, 3, 3, 2], f"11 records on 4 shards: expected sizes [3, 3, 3, 2], got {sizes}")
+    for n, count, expected in ((11, 4, [3, 3, 3, 2]), (5, 4, [2, 1, 1, 1]), (9, 6, [2, 2, 2, 1, 1, 1])):
+        sizes = [stop - start for start, stop in _splits(split, n, count)]
+        expect(sizes == expected, f"{n} records on {count} shards: expected sizes {expected}, got {sizes}")
 
 
 @even_split_exercise.case(hint="drop_remainder=True: every shard gets n // count records; "
