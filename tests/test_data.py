@@ -154,6 +154,24 @@ def test_a_failing_map_names_the_element_and_the_source_record():
     assert f"raised on element {position} (record 7 of the source)" in "\n".join(raised.value.__notes__)
 
 
+@pytest.mark.parametrize("step", ["map", "filter"])
+def test_a_failing_iterator_step_counts_its_elements_from_the_last_set_state(step):
+    pipeline = getattr(sd.MapDataset.range(10).to_iter_dataset(NO_THREADS), step)(fail_on_seven)
+    iterator = iter(pipeline)
+    for _ in range(5):
+        next(iterator)
+    iterator.set_state({"next_index": 4})  # elements 4, 5, 6 pass; 7, the fourth, fails
+    with pytest.raises(ValueError, match="seven") as raised:
+        list(iterator)
+    assert "its element 3 (counted from creation or set_state)" in raised.value.__notes__[0]
+
+
+def test_negative_indices_fall_in_the_epoch_before_so_minus_one_is_the_last_element():
+    ds = sd.MapDataset.range(10).map(square)
+    assert ds[-1] == 81 and ds[-10] == 0 and ds[-11] == 81
+    assert sd.MapDataset.range(10).batch(4)[-1].tolist() == [8, 9]
+
+
 def test_a_failing_map_in_a_reader_thread_is_raised_in_the_consumer():
     with pytest.raises(ValueError, match="seven") as raised:
         list(sd.MapDataset.range(10).map(fail_on_seven).to_iter_dataset(sd.ReadOptions(num_threads=2)))
@@ -164,7 +182,10 @@ def test_a_failing_map_in_a_reader_thread_is_raised_in_the_consumer():
     (lambda: sd.MapDataset.range(5).shuffle(seed=None), ValueError, "seed=42"),
     (lambda: sd.MapDataset.range(5).shuffle(seed=-1), ValueError, "2\\*\\*32"),
     (lambda: sd.MapDataset.range(5).batch(0), ValueError, "positive"),
-    (lambda: sd.MapDataset.range(5)[-1], IndexError, "non-negative"),
+    (lambda: sd.MapDataset.range(5)["0"], TypeError, "an int or a slice"),
+    (lambda: sd.MapDataset.range(5).slice(2), ValueError, r"index instead: ds\[i\]"),
+    (lambda: sd.MapDataset.range(5).random_map(lambda x, rng: x, seed=-1), ValueError, "non-negative"),
+    (lambda: sd.MapDataset.range(5).random_map(lambda x, rng: x, seed=0)[-1], IndexError, r"len\(ds\) \+ i"),
     (lambda: sd.MapDataset.range(5).map(3), TypeError, "callable"),
     (lambda: sd.MapDataset.source(iter([1, 2])), TypeError, "list"),
     (lambda: sd.ReadOptions(num_threads=-1), ValueError, "num_threads"),
@@ -212,7 +233,10 @@ def test_the_iterator_state_is_grains_next_index():
     assert iterator.get_state() == {"next_index": 2}
 
 
-def test_a_state_from_another_pipeline_is_rejected():
+def test_a_state_past_the_end_is_rejected_as_from_another_pipeline():
+    # Grain's state is the bare {"next_index": i}, with no fingerprint of the pipeline, and
+    # ours equals it (a grain state restores into our iterator), so a state from another
+    # pipeline can only be caught when its index cannot belong to this one.
     iterator = iter(sd.MapDataset.range(5).to_iter_dataset())
     with pytest.raises(IndexError, match="different pipeline"):
         iterator.set_state({"next_index": 9})
@@ -279,12 +303,39 @@ def test_a_failing_map_in_a_worker_names_the_record_and_the_worker():
     assert "element 7 (record 7 of the source)" in notes and "data worker 1 of 2" in notes
 
 
-def test_mp_prefetch_needs_a_map_dataset_underneath():
+def tag_with_pid(x):
+    return x, __import__("os").getpid()
+
+
+@pytest.mark.slow
+def test_set_state_moves_the_running_workers_instead_of_restarting_them():
+    ds = sd.MapDataset.range(30).shuffle(seed=1).map(tag_with_pid).to_iter_dataset(NO_THREADS)
+    iterator = iter(ds.mp_prefetch(sd.MultiprocessingOptions(num_workers=2)))
+    head = [next(iterator) for _ in range(6)]
+    state = iterator.get_state()
+    skipped = [next(iterator) for _ in range(10)]
+    iterator.set_state(state)  # back 10 elements, with the workers' buffers holding later ones
+    tail = list(iterator)
+    assert [x for x, _ in tail[:10]] == [x for x, _ in skipped]
+    assert [x for x, _ in head + tail] == list(sd.MapDataset.range(30).shuffle(seed=1))
+    assert {pid for _, pid in tail} == {pid for _, pid in head}  # the same two processes
+
+
+@pytest.mark.slow
+def test_one_worker_runs_a_pipeline_with_no_map_dataset_beneath():
+    class Countdown(sd.IterDataset):
+        def __iter__(self):
+            return iter(sd.MapDataset.range(3).to_iter_dataset(NO_THREADS).map(lambda x: 2 - x))
+
+    assert list(Countdown().mp_prefetch(sd.MultiprocessingOptions(num_workers=1))) == [2, 1, 0]
+
+
+def test_more_than_one_worker_needs_a_map_dataset_underneath():
     class Counting(sd.IterDataset):
         def __iter__(self):
             raise NotImplementedError
 
-    with pytest.raises(ValueError, match="to_iter_dataset"):
+    with pytest.raises(ValueError, match="to_iter_dataset.*or use one worker"):
         Counting().mp_prefetch(sd.MultiprocessingOptions(num_workers=2))
     pipeline = sd.MapDataset.range(3).to_iter_dataset()
     assert pipeline.mp_prefetch(sd.MultiprocessingOptions(num_workers=0)) is pipeline

@@ -135,3 +135,104 @@ def test_worker_interleaving_matches_grains(name):
             pipeline = build(lib).to_iter_dataset(lib.ReadOptions(num_threads=0))
             streams.append(as_lists(pipeline.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers))))
         assert streams[0] == streams[1], workers
+
+
+# Drop-in details: indexing, subclassing, argument checks, as grain's own tests use them.
+
+NEGATIVE_INDEX_CASES = {  # a negative index falls in an epoch before the first, in both libraries
+    "range": lambda lib: lib.MapDataset.range(10),
+    "source map": lambda lib: lib.MapDataset.source(list(range(10))).map(square),
+    "shuffle": lambda lib: lib.MapDataset.range(10).shuffle(seed=0),
+    "slice": lambda lib: lib.MapDataset.range(10)[1::3],
+    "repeat": lambda lib: lib.MapDataset.range(10).shuffle(seed=2).repeat(2),
+    "batch": lambda lib: lib.MapDataset.range(10).batch(3),
+    "filter": lambda lib: lib.MapDataset.range(10).filter(odd),
+}
+
+
+@pytest.mark.parametrize("name", list(NEGATIVE_INDEX_CASES))
+def test_negative_indices_give_grains_elements(name):
+    ours, theirs = NEGATIVE_INDEX_CASES[name](sd), NEGATIVE_INDEX_CASES[name](grain)
+    indices = [-1, -2, -len(ours), -len(ours) - 1, -25]
+    assert [_flatten(ours[i]) for i in indices] == [_flatten(theirs[i]) for i in indices]
+
+
+def test_datasets_are_generic_like_grains():
+    for lib in (sd, grain):
+        assert lib.MapDataset[int] is not None and lib.IterDataset[int] is not None
+        assert lib.DatasetIterator[int] is not None
+
+
+def _user_classes(lib):
+    """A source and an iterable written to grain's contract, as a user would write them."""
+
+    class Squares(lib.MapDataset):
+        def __init__(self, n):
+            super().__init__()
+            self._n = n
+
+        def __len__(self):
+            return self._n
+
+        def __getitem__(self, index):
+            if isinstance(index, slice):
+                return self.slice(index)
+            return (index % self._n) ** 2
+
+    class Countdown(lib.IterDataset):
+        def __iter__(self):
+            return CountdownIterator()
+
+    class CountdownIterator(lib.DatasetIterator):
+        def __init__(self):
+            super().__init__()
+            self._left = 6
+
+        def __next__(self):
+            if self._left == 0:
+                raise StopIteration
+            self._left -= 1
+            return self._left
+
+        def get_state(self):
+            return {"left": self._left}
+
+        def set_state(self, state):
+            self._left = state["left"]
+
+    return Squares, Countdown
+
+
+def test_a_user_dataset_written_to_grains_contract_chains_like_grains():
+    results = []
+    for lib in (sd, grain):
+        squares, countdown = _user_classes(lib)
+        mapped = squares(12).shuffle(seed=3).map(lambda x: x + 1)
+        iterated = countdown().map(lambda x: 10 * x).batch(4)
+        results.append((list(mapped), mapped[-1], list(squares(12)[2:9:3]),
+                        as_lists(iterated), as_lists(squares(7).to_iter_dataset().batch(3))))
+    assert results[0] == results[1]
+
+
+def test_slice_with_an_int_raises_grains_value_error():
+    for lib in (sd, grain):
+        with pytest.raises(ValueError):
+            lib.MapDataset.range(10).slice(5)
+
+
+@pytest.mark.parametrize("seed", [2**32, 2**40 + 7, 2**64 - 1])
+def test_random_map_accepts_grains_seeds_beyond_32_bits(seed):
+    def build(lib):
+        return lib.MapDataset.range(20).random_map(_square_of_record, seed=seed)
+
+    assert list(build(sd)) == list(build(grain))
+
+
+@pytest.mark.slow
+def test_one_worker_runs_an_iter_dataset_without_a_map_dataset_beneath_like_grain():
+    streams = []
+    for lib in (sd, grain):
+        _, countdown = _user_classes(lib)
+        pipeline = countdown().map(square).mp_prefetch(lib.MultiprocessingOptions(num_workers=1))
+        streams.append(as_lists(pipeline))
+    assert streams[0] == streams[1] == [25, 16, 9, 4, 1, 0]

@@ -23,7 +23,9 @@ Differences from grain (each file lists its own):
   * the file source reads our own minimal record format, not ArrayRecord;
   * `shuffle` is a true permutation for every length (grain's repeats a record for
     lengths 2^16 + 1, 2^18 + 1, ...);
-  * `mp_prefetch` state has its own format and restores only into the same worker count.
+  * `mp_prefetch` state has its own format and restores only into the same worker count;
+  * a negative index into a `random_map` raises an IndexError that says why (grain's
+    fails inside NumPy with an OverflowError).
 """
 
 from stacklib.data.batch import make_batch

@@ -19,6 +19,12 @@ holding its parent; nothing is read or computed until an element is asked for.
 Each transformation is a small class in its own file (`shuffle.py`, `map.py`, ...);
 the methods below only construct them.
 
+A dataset of your own follows grain's contract: subclass `MapDataset` and write
+`__len__` and `__getitem__` (or `IterDataset` and `__iter__`, returning a
+`DatasetIterator` with `__next__`, `get_state` and `set_state`); every transformation
+then chains onto it. Our own classes write `_getitem(index)` instead and let the base
+class handle slices and integer types once.
+
 Differences from grain:
   * Transformations take plain callables, not `grain.transforms.Map`-style objects.
   * Seeds are passed to `shuffle` and `random_map` directly; there is no `ds.seed()`.
@@ -32,23 +38,39 @@ import abc
 import builtins
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from stacklib.data.options import MultiprocessingOptions, ReadOptions
 
+T = TypeVar("T")  # the element type, as in grain: `MapDataset[int]`, `IterDataset[dict]`
 
-class MapDataset(abc.ABC):
+
+def _getitem_by_dunder(self: MapDataset, index: int) -> Any:
+    return self.__getitem__(index)
+
+
+class MapDataset(abc.ABC, Generic[T]):
     """A dataset of known length whose elements can be computed in any order.
 
-    Subclasses implement `__len__` and `_getitem(index)`. Indices past the end wrap
-    around into later epochs (`ds[len(ds) + i]` is element i of the second epoch), which
-    is how `repeat` works and how `shuffle` reshuffles each epoch.
+    Subclasses implement `__len__` and `_getitem(index)` (ours) or `__getitem__(index)`
+    (grain's contract, for user classes). Indices wrap around epochs, as in grain:
+    `ds[len(ds) + i]` is element i of the second epoch, which is how `repeat` works and
+    how `shuffle` reshuffles each epoch, and a negative index falls in an epoch before
+    the first, so `ds[-1]` is the last element of a pipeline that does not shuffle.
     """
 
     def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()):
         self._parents = (parents,) if isinstance(parents, MapDataset) else tuple(parents)
+
+    def __init_subclass__(cls, **kwargs):
+        # A class written to grain's contract defines `__getitem__` itself; our
+        # transformations ask parents for `_getitem`, so route that to it. (This runs
+        # before ABCMeta collects the abstract methods, so the class is instantiable.)
+        super().__init_subclass__(**kwargs)
+        if "__getitem__" in cls.__dict__ and "_getitem" not in cls.__dict__:
+            cls._getitem = _getitem_by_dunder
 
     @property
     def parents(self) -> tuple[MapDataset, ...]:
@@ -63,17 +85,14 @@ class MapDataset(abc.ABC):
         """The number of elements in one epoch (`sys.maxsize` if infinite)."""
 
     @abc.abstractmethod
-    def _getitem(self, index: int) -> Any:
-        """Element `index` (>= 0), or None if a filter removed it."""
+    def _getitem(self, index: int) -> T | None:
+        """Element `index` (any int; wrapped into its epoch), or None if a filter removed it."""
 
     def __getitem__(self, index: int | builtins.slice) -> Any:
         if isinstance(index, builtins.slice):
             return self.slice(index)
-        if not isinstance(index, int | np.integer) or isinstance(index, bool) or index < 0:
-            raise IndexError(
-                f"{self}: index must be a non-negative int or a slice, got {index!r}. "
-                "Negative indices are not supported: indices past the end wrap into the next epoch."
-            )
+        if not isinstance(index, int | np.integer) or isinstance(index, bool):
+            raise TypeError(f"{self}: index must be an int or a slice, got {index!r}.")
         return self._getitem(int(index))
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
@@ -167,7 +186,7 @@ class MapDataset(abc.ABC):
         return self.to_iter_dataset().__iter__()
 
 
-class IterDataset(abc.ABC):
+class IterDataset(abc.ABC, Generic[T]):
     """A dataset that can only be iterated; `iter(ds)` gives a checkpointable `DatasetIterator`."""
 
     def __init__(self, parents: IterDataset | MapDataset | Sequence[IterDataset | MapDataset] = ()):
@@ -220,13 +239,21 @@ class IterDataset(abc.ABC):
         return MultiprocessPrefetchIterDataset(self, options)
 
 
-class DatasetIterator(Iterator, abc.ABC):
+class DatasetIterator(Iterator[T], abc.ABC):
     """One pass over an `IterDataset`, with a state that can be saved and restored.
 
     The state is a small dict of ints, lists and nested dicts (JSON-serialisable), so a
     checkpoint can store it next to the model. `set_state` on a fresh iterator of the
     same pipeline makes it produce exactly what the saved one would have produced next.
+    As in grain, the constructor takes the parent iterator(s), if any.
     """
+
+    def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] = ()):
+        self._parents = (parents,) if isinstance(parents, DatasetIterator) else tuple(parents)
+
+    @property
+    def _parent(self) -> DatasetIterator:
+        return self._parents[0]
 
     def __iter__(self) -> DatasetIterator:
         return self
@@ -256,9 +283,6 @@ class ParentStateIterator(DatasetIterator):
     Map, filter and batch consume whole elements of the parent between two `next` calls,
     so saving and restoring the parent's position is all there is to do.
     """
-
-    def __init__(self, parent: DatasetIterator):
-        self._parent = parent
 
     def get_state(self) -> dict[str, Any]:
         return self._parent.get_state()

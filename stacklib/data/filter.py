@@ -83,7 +83,7 @@ class _FilterDatasetIterator(ParentStateIterator):
     def __init__(self, dataset: FilterIterDataset, parent: DatasetIterator):
         super().__init__(parent)
         self._dataset = dataset
-        self._count = 0
+        self._count = 0  # elements taken since creation or set_state, only to name a failing one
 
     def __next__(self) -> Any:
         while True:
@@ -97,3 +97,7 @@ class _FilterDatasetIterator(ParentStateIterator):
                 raise
             if keep:
                 return element
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._count = 0

@@ -15,7 +15,9 @@ An exception raised by the function keeps its type and gains a note naming the e
 bad record in a billion can be found and reproduced with `ds[7]`.
 
 Differences from grain: transformations are callables (no `grain.transforms.Map`
-objects); no `map_with_index`; `IterDataset.random_map` is not provided.
+objects); no `map_with_index`; `IterDataset.random_map` is not provided; a negative
+index into a `random_map` raises an IndexError that says why (grain's fails inside
+NumPy with an OverflowError).
 """
 
 from __future__ import annotations
@@ -75,7 +77,15 @@ def philox_key(seed: int) -> np.ndarray:
 
 
 def record_rng(key: np.ndarray, index: int) -> np.random.Generator:
-    """The generator for element `index`: Philox with `key` and counter (0, 0, 0, index)."""
+    """The generator for element `index`: Philox with `key` and counter (0, 0, 0, index).
+
+    Raises:
+      IndexError: `index` is negative (an epoch before the first has no draws: the
+        counter is an unsigned 64-bit integer).
+    """
+    if index < 0:
+        raise IndexError(f"random_map has no random draws for element {index}: negative indices fall in "
+                         "an epoch before the first. Index from the start: ds[len(ds) + i].")
     return np.random.Generator(np.random.Philox(key=key, counter=np.array([0, 0, 0, index], np.uint64)))
 
 
@@ -83,15 +93,16 @@ class RandomMapMapDataset(MapMapDataset):
     """`transform(element, rng)` with a per-element generator derived from (seed, index).
 
     Raises:
-      ValueError: the seed is missing or not in [0, 2**32) (grain's range).
+      ValueError: the seed is missing or negative. Any non-negative int is a seed, as in
+        grain, whose `np.random.Philox(seed)` hashes it through a SeedSequence.
     """
 
     def __init__(
         self, parent: MapDataset, transform: Callable[[Any, np.random.Generator], Any], *, seed: int | None
     ):
         super().__init__(parent, transform)
-        if not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
-            raise ValueError(f"random_map needs a seed in [0, 2**32), got {seed!r}. "
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"random_map needs a seed, a non-negative int; got {seed!r}. "
                              "Example: ds.random_map(augment, seed=0).")
         self._seed = int(seed)
         self._key = philox_key(self._seed)
@@ -131,7 +142,7 @@ class _MapDatasetIterator(ParentStateIterator):
     def __init__(self, dataset: MapIterDataset, parent: DatasetIterator):
         super().__init__(parent)
         self._dataset = dataset
-        self._count = 0  # elements produced, only to name a failing one
+        self._count = 0  # elements taken since creation or set_state, only to name a failing one
 
     def __next__(self) -> Any:
         element = next(self._parent)
@@ -142,3 +153,7 @@ class _MapDatasetIterator(ParentStateIterator):
             where = f"its element {self._count - 1} (counted from creation or set_state)"
             note_failing_element(error, self._dataset, where)
             raise
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._count = 0

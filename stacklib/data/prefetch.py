@@ -50,7 +50,8 @@ class PrefetchDatasetIterator(DatasetIterator):
 
     def __init__(self, parent: MapDataset, read_options: ReadOptions, allow_nones: bool):
         self._executor = None  # first, so that __del__ works even if the rest fails
-        self._parent = parent
+        super().__init__()
+        self._dataset = parent
         self._length = len(parent)
         self._allow_nones = allow_nones
         self._next_index = 0
@@ -64,12 +65,12 @@ class PrefetchDatasetIterator(DatasetIterator):
 
     def _fill_buffer(self) -> None:
         while len(self._buffer) < self._buffer_size and self._next_buffered < self._length:
-            self._buffer.append(self._executor.submit(self._parent.__getitem__, self._next_buffered))
+            self._buffer.append(self._executor.submit(self._dataset.__getitem__, self._next_buffered))
             self._next_buffered += 1
 
     def _read_next(self) -> Any:
         if self._executor is None:
-            return self._parent[self._next_index]
+            return self._dataset[self._next_index]
         self._fill_buffer()
         element = self._buffer.popleft().result()  # re-raises the reader's exception here
         self._fill_buffer()
@@ -90,7 +91,7 @@ class PrefetchDatasetIterator(DatasetIterator):
         next_index = state["next_index"]
         if not 0 <= next_index <= self._length:
             raise IndexError(f"set_state: next_index {next_index} is outside [0, {self._length}], the "
-                             f"length of {self._parent}. Was the state saved from a different pipeline?")
+                             f"length of {self._dataset}. Was the state saved from a different pipeline?")
         for future in self._buffer:
             future.cancel()
         self._buffer.clear()

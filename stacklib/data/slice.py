@@ -28,7 +28,8 @@ class SliceMapDataset(MapDataset):
     def __init__(self, parent: MapDataset, sl: builtins.slice):
         super().__init__(parent)
         if not isinstance(sl, builtins.slice):
-            raise TypeError(f"slice needs a Python slice such as slice(0, None, 4), got {sl!r}.")
+            raise ValueError(f"slice needs a Python slice such as slice(0, None, 4), got {sl!r}. "
+                             "For one element, index instead: ds[i].")
         self._start, self._stop, self._step = sl.indices(len(parent))
         self._length = len(range(self._start, self._stop, self._step))
 
