@@ -1,11 +1,15 @@
 """Chapter 08's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import statistics
 import time
+from time import perf_counter
 
 import jax
 import pytest
 
+from stacklib.cases import ch08
 from stacklib.grading import grade
+from stacklib.profile import op_table
 
 
 def top_op(events, module):
@@ -28,12 +32,12 @@ def predict_seconds(costs, peak_flops, peak_bandwidth):
 
 def step_time(fn, *args, repeats=10):
     jax.block_until_ready(fn(*args))
-    total = 0.0
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
-        total += time.perf_counter() - start
-    return total / repeats
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 RIGHT = {
@@ -54,11 +58,40 @@ def longest_single_event(events, module):
     return max((e for e in events if e.module == module), key=lambda e: e.duration_us).name
 
 
+def first_event_of_the_module(events, module):
+    return next(e for e in events if e.module == module).name
+
+
+def most_calls(events, module):
+    counts = {}
+    for event in events:
+        if event.module == module:
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return max(counts, key=counts.get)
+
+
+def longest_mean(events, module):
+    durations = {}
+    for event in events:
+        if event.module == module:
+            durations.setdefault(event.name, []).append(event.duration_us)
+    return max(durations, key=lambda name: statistics.mean(durations[name]))
+
+
 def ignores_module(events, module):
     totals = {}
     for event in events:
         totals[event.name] = totals.get(event.name, 0.0) + event.duration_us
     return max(totals, key=totals.get)
+
+
+def uses_op_table(events, module):
+    return op_table(events, module=module)[0].key
+
+
+def sorts_the_callers_list(events, module):
+    events.sort(key=lambda e: e.duration_us)  # changes the list it was given
+    return top_op(events, module)
 
 
 def six_n_d(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
@@ -73,38 +106,119 @@ def times_the_time(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
     return mlp_train_mfu(batch, d_in, d_hidden, d_out, 1.0, peak_flops) * step_seconds
 
 
+def in_percent(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    return 100 * mlp_train_mfu(batch, d_in, d_hidden, d_out, step_seconds, peak_flops)
+
+
 def max_of_sums(costs, peak_flops, peak_bandwidth):
     flops = sum(f for f, _ in costs.values())
     nbytes = sum(b for _, b in costs.values())
     return max(flops / peak_flops, nbytes / peak_bandwidth)
 
 
+def sum_of_both_terms(costs, peak_flops, peak_bandwidth):
+    return sum(f / peak_flops + b / peak_bandwidth for f, b in costs.values())
+
+
 def no_block(fn, *args, repeats=10):
     fn(*args)
-    start = time.perf_counter()
+    seconds = []
     for _ in range(repeats):
+        start = time.perf_counter()
         fn(*args)
-    return (time.perf_counter() - start) / repeats
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def no_warmup(fn, *args, repeats=10):
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def in_milliseconds(fn, *args, repeats=10):
+    return 1e3 * step_time(fn, *args, repeats=repeats)
+
+
+def the_mean(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
     start = time.perf_counter()
     for _ in range(repeats):
         jax.block_until_ready(fn(*args))
     return (time.perf_counter() - start) / repeats
 
 
+def the_fastest(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return min(seconds)
+
+
+def ten_calls_always(fn, *args, repeats=10):
+    return step_time(fn, *args, repeats=10)
+
+
+def unblocked_warm_up(fn, *args, repeats=10):
+    fn(*args)  # compiles, but its work is still running when the clock starts
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def step_time_with_a_bound_clock(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def wall_clock(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = time.time()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.time() - start)
+    return statistics.median(seconds)
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
-    ("08.top_op", longest_single_event, 3, "the longest single event, not the largest total"),
+    ("08.top_op", longest_single_event, 2, "the longest single event, not the largest total"),
+    ("08.top_op", first_event_of_the_module, 2, "the first event of the module"),
+    ("08.top_op", most_calls, 2, "the op with the most calls"),
+    ("08.top_op", longest_mean, 2, "the op with the longest mean"),
     ("08.top_op", ignores_module, 3, "sums every module's ops"),
+    ("08.top_op", uses_op_table, 5, "calls op_table"),
+    ("08.top_op", sorts_the_callers_list, 0, "sorts the caller's list in place"),
     ("08.mlp_mfu", six_n_d, 1, "6 x params x tokens counts a gradient into the data"),
     ("08.mlp_mfu", forward_only, 1, "forward matmuls only"),
     ("08.mlp_mfu", times_the_time, 2, "multiplies by the time instead of dividing"),
+    ("08.mlp_mfu", in_percent, 1, "a percentage, not a fraction"),
     ("08.roofline_time", max_of_sums, 1, "max of the sums lets compute hide memory"),
+    ("08.roofline_time", sum_of_both_terms, 0, "adds each op's compute and memory time"),
     ("08.roofline_time", lambda c, p, w: sum(f / p for f, _ in c.values()), 0, "ignores the bytes"),
-    ("08.step_time", no_block, 2, "stops the clock before the work is done"),
-    ("08.step_time", no_warmup, 2, "times the compilation too"),
+    ("08.step_time", no_block, 0, "stops the clock before the work is done"),
+    ("08.step_time", no_warmup, 0, "times the compilation too"),
+    ("08.step_time", in_milliseconds, 0, "milliseconds"),
+    ("08.step_time", the_mean, 5, "the mean, not the median"),
+    ("08.step_time", the_fastest, 5, "the fastest call, not the median"),
+    ("08.step_time", ten_calls_always, 0, "ignores repeats"),
+    ("08.step_time", unblocked_warm_up, 6, "does not wait for the warm-up"),
+    ("08.step_time", wall_clock, 0, "time.time, which the check cannot control"),
 ]
 
 
@@ -113,3 +227,40 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+# (exercise, planted wrong answer, words its first failing case's message must hold)
+DIAGNOSED = [
+    ("08.step_time", in_milliseconds, "milliseconds"),
+    ("08.step_time", no_block, "stops before the work is done"),
+    ("08.step_time", no_warmup, "the first call (compilation) is in the timing"),
+    ("08.step_time", the_mean, "that is the mean"),
+    ("08.step_time", the_fastest, "that is the fastest call"),
+    ("08.step_time", wall_clock, "never read time.perf_counter()"),
+    ("08.roofline_time", sum_of_both_terms, "added each op's compute time and memory time"),
+    ("08.roofline_time", max_of_sums, "took the max of the summed"),
+    ("08.top_op", sorts_the_callers_list, "changed its input in place"),
+    ("08.top_op", uses_op_table, "called stacklib.profile.op_table"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, words", DIAGNOSED, ids=[d[2] for d in DIAGNOSED])
+def test_a_planted_wrong_answer_is_told_its_own_mistake(exercise_id, answer, words):
+    failed = [c for c in grade(exercise_id, answer).cases if c.points < c.max_points]
+    assert words in failed[0].message, failed[0].message
+
+
+def test_a_timer_that_imports_perf_counter_by_name_is_timed_on_the_fake_clock_too():
+    result = grade("08.step_time", step_time_with_a_bound_clock)
+    assert result.points == result.max_points, [c.message for c in result.cases]
+    assert perf_counter is time.perf_counter  # the case put the real clock back
+
+
+def test_the_recorded_capture_tells_every_planted_top_op_apart():
+    """The point of the recorded capture: each plausible wrong answer names a different op."""
+    events = ch08._recorded_capture()
+    answers = {f.__name__: f(events, "jit_train_step") for f in
+               (top_op, longest_single_event, first_event_of_the_module, most_calls, longest_mean,
+                ignores_module)}
+    assert answers["top_op"] == op_table(events, module="jit_train_step")[0].key
+    assert all(name != answers["top_op"] for key, name in answers.items() if key != "top_op"), answers
