@@ -1,11 +1,15 @@
 """Chapter 00's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import json
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT
 
-from stacklib.grading import grade
+from stacklib.grading import get_exercise, grade
 
 
 def count_params(tree):
@@ -44,11 +48,44 @@ def naive_softmax(logits, axis=-1):
     return exps / exps.sum(axis=axis, keepdims=True)
 
 
+def softmax_shifting_in_place(logits, axis=-1):
+    logits -= np.max(logits, axis=axis, keepdims=True)  # changes the caller's array
+    exps = np.exp(logits)
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def softmax_shifting_by_the_global_max(logits, axis=-1):
+    exps = jnp.exp(logits - jnp.max(logits))  # a row far below the maximum underflows to 0 / 0
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def numpy_softmax(logits, axis=-1):
+    exps = np.exp(logits - np.max(logits, axis=axis, keepdims=True))
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def axpy_into_x(a, x, y):
+    for key in x:  # written for dicts, and changes the caller's x
+        x[key] = a * x[key] + y[key]
+    return x
+
+
+def count_with_prod(tree):
+    return sum(np.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree))  # np.prod(()) is 1.0
+
+
 def loop_pairwise(x, y):
     out = np.zeros((len(x), len(y)))
     for i in range(len(x)):
         for j in range(len(y)):
             out[i, j] = ((x[i] - y[j]) ** 2).sum()
+    return out
+
+
+def row_loop_pairwise(x, y):
+    out = np.zeros((len(x), len(y)), np.float32)
+    for i in range(len(x)):  # broadcasts over y, loops over x: fine for 7 rows, not 3 M
+        out[i] = ((x[i] - y) ** 2).sum(-1)
     return out
 
 
@@ -63,14 +100,21 @@ WRONG = [
      1, "only handles a flat list"),
     ("00.count_params", lambda tree: sum(np.size(leaf) for leaf in jax.tree.leaves(tree) if np.ndim(leaf)),
      2, "drops Python scalars"),
+    ("00.count_params", count_with_prod, 2, "returns a float count"),
     ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: xl + yl, x, y), 0, "forgets a"),
     ("00.tree_axpy", lambda a, x, y: [a * xl + yl for xl, yl in flat_pairs(x, y)], 1, "returns a flat list"),
-    ("00.softmax", naive_softmax, 2, "overflows on large logits"),
-    ("00.softmax", lambda z, axis=-1: softmax(z), 3, "ignores axis"),
+    ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: xl + a * yl, x, y), 0, "scales y, not x"),
+    ("00.tree_axpy", axpy_into_x, 0, "writes the result into x"),
+    ("00.softmax", naive_softmax, 3, "overflows on large logits"),
+    ("00.softmax", lambda z, axis=-1: softmax(z), 4, "ignores axis"),
     ("00.softmax", lambda z, axis=-1: jnp.exp(z) / jnp.exp(z).sum(), 0, "normalises over everything"),
+    ("00.softmax", softmax_shifting_by_the_global_max, 3, "subtracts the global maximum"),
+    ("00.softmax", softmax_shifting_in_place, 0, "shifts the caller's logits in place"),
+    ("00.softmax", numpy_softmax, 4, "NumPy, not jax.numpy"),
     ("00.pairwise_sq_dists", lambda x, y: pairwise_sq_dists(y, x), 0, "transposed result"),
     ("00.pairwise_sq_dists", lambda x, y: jnp.sqrt(pairwise_sq_dists(x, y)), 0, "distances, not squared"),
     ("00.pairwise_sq_dists", loop_pairwise, 2, "a Python double loop is too slow"),
+    ("00.pairwise_sq_dists", row_loop_pairwise, 2, "a Python loop over rows is too slow"),
 ]
 
 
@@ -79,3 +123,39 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+# (exercise, planted wrong answer, words the first failing case's message must contain)
+MESSAGES = [
+    ("00.count_params", count_with_prod, "whole number"),
+    ("00.tree_axpy", axpy_into_x, "changed its input in place"),
+    ("00.softmax", softmax_shifting_in_place, "changed its input in place"),
+    ("00.pairwise_sq_dists", row_loop_pairwise, "time limit"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, words", MESSAGES, ids=[m[1].__name__ for m in MESSAGES])
+def test_a_planted_wrong_answer_is_told_the_cause(exercise_id, answer, words):
+    result = grade(exercise_id, answer)
+    first_failure = next(c for c in result.cases if c.points < c.max_points)
+    assert words in first_failure.message, first_failure.message
+
+
+def solution_points(slug: str) -> dict[str, int]:
+    """{exercise id: points} as the solution notebook states them: each "(N points)" heading
+    is paired with the next check("NN.name", ...) cell."""
+    notebook = json.loads((ROOT / "solutions" / f"{slug}.ipynb").read_text())
+    stated, points = {}, None
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("([^"]+)"', source)):
+            stated[call.group(1)] = points
+    return stated
+
+
+def test_the_solution_notebook_states_each_exercise_s_points():
+    assert solution_points("00_how_to_use") == {
+        exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
