@@ -77,6 +77,15 @@ def gather_for_four_devices(x, axis_name):
     return blocks
 
 
+def gather_tiled(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        blocks = blocks.at[(me - step) % n].set(x)
+    return blocks.reshape(n * x.shape[0], *x.shape[1:])  # concatenated, not stacked
+
+
 def dp_average_local_gradients(params, x, y, learning_rate):
     loss, grads = jax.value_and_grad(linear_loss)(params, x, y)
     return sgd(params, jax.lax.pmean(grads, "data"), learning_rate), jax.lax.pmean(loss, "data")
@@ -90,6 +99,11 @@ def dp_psum_over_eight(params, x, y, learning_rate):
 def dp_psum_loss(params, x, y, learning_rate):
     loss, grads = jax.value_and_grad(lambda p: jax.lax.psum(linear_loss(p, x, y), "data"))(params)
     return sgd(params, grads, learning_rate), loss
+
+
+def dp_wrong_sign(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.pmean(linear_loss(p, x, y), "data"))(params)
+    return sgd(params, grads, -learning_rate), loss  # climbs the loss
 
 
 def dp_no_communication(params, x, y, learning_rate):
@@ -133,13 +147,17 @@ WRONG = [
     ("07.all_reduce_time", lambda v, n, w, a: (n - 1) * (a + v / n / w), 1, "a reduce-scatter only"),
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * a + 2 * v / w, 0, "forgets (N - 1) / N"),
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * v / n / w, 3, "forgets the latency"),
+    ("07.all_reduce_time", lambda v, n, w, a: a + 2 * (n - 1) * v / n / w, 2, "pays the latency once"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * (a + v / w), 1, "every hop carries all V bytes"),
     ("07.ring_all_gather", gather_with_lax, 3, "calls jax.lax.all_gather"),
     ("07.ring_all_gather", gather_placed_backwards, 1, "puts received blocks at me + step"),
     ("07.ring_all_gather", gather_for_four_devices, 3, "hard-codes 4 devices"),
+    ("07.ring_all_gather", gather_tiled, 1, "concatenates the blocks instead of stacking them"),
     ("07.dp_step", dp_average_local_gradients, 1, "pmean of local gradients is N times too large"),
     ("07.dp_step", dp_psum_over_eight, 3, "divides by a hard-coded 8"),
     ("07.dp_step", dp_psum_loss, 0, "psum instead of pmean"),
     ("07.dp_step", dp_no_communication, 0, "no collective at all"),
+    ("07.dp_step", dp_wrong_sign, 1, "steps up the gradient"),
     ("07.tp_mlp", tp_bias_before_psum, 2, "adds b2 on every device"),
     ("07.tp_mlp", tp_replicated, 3, "no tensor parallelism"),
     ("07.tp_mlp", tp_gather_hidden, 3, "all-gathers the hidden layer"),

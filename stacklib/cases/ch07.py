@@ -37,7 +37,7 @@ def _ring_all_reduce(num_bytes, num_devices, bandwidth, latency):
 
 @all_reduce_time.case(hint="With one device there is nobody to talk to: N - 1 = 0 hops.")
 def one_device_communicates_nothing(time_fn):
-    expect_close(time_fn(1e9, 1, 4.5e10, 1e-6), 0.0, what="all_reduce_time(1 GB, 1 device)")
+    expect_close(time_fn(1e9, 1, 4.5e10, 1e-6), 0.0, atol=1e-12, what="all_reduce_time(1 GB, 1 device)")
 
 
 @all_reduce_time.case(points=2, hint="A reduce-scatter and then an all-gather, each N - 1 hops "
@@ -66,10 +66,22 @@ _COLLECTIVES = ("all_gather", "psum", "reduce_scatter", "all_to_all", "pmax", "p
 def _gather_with(answer, num_devices):
     mesh = _mesh(num_devices, "i")
     x = jnp.arange(num_devices * 2 * 3, dtype=jnp.float32).reshape(num_devices * 2, 3) ** 1.5
+    # Every device gets all N blocks of shape (2, 3); out_specs=P("i") glues the N results.
+    expected = np.tile(np.asarray(x).reshape(num_devices, 2, 3), (num_devices, 1, 1))
     run = jax.jit(jax.shard_map(lambda block: answer(block, "i"), mesh=mesh, in_specs=P("i"),
                                 out_specs=P("i"), check_vma=False))
-    expected = np.tile(np.asarray(x).reshape(num_devices, 2, 3), (num_devices, 1, 1))
     return run, x, expected
+
+
+def _expect_gathered(answer, num_devices):
+    run, x, expected = _gather_with(answer, num_devices)
+    got = np.asarray(run(x))
+    per_device = (got.shape[0] // num_devices, *got.shape[1:])
+    expect(got.shape == expected.shape,
+           f"each device returned shape {per_device}, expected ({num_devices}, 2, 3): one row per device "
+           "holding that device's (2, 3) block, as jax.lax.all_gather(x, axis_name) returns it (stacked, "
+           "not concatenated)")
+    expect_close(got, expected, rtol=0, atol=0, what="every device's gathered blocks")
 
 
 def _primitives(jaxpr) -> set[str]:
@@ -89,16 +101,12 @@ def _primitives(jaxpr) -> set[str]:
                                      "ppermute the block you received last to your right-hand "
                                      "neighbour; after k hops it came from device (me - k) mod N.")
 def matches_all_gather_on_4_devices(gather):
-    run, x, expected = _gather_with(gather, 4)
-    expect_close(np.asarray(run(x)).reshape(expected.shape), expected, rtol=0, atol=0,
-                 what="every device's gathered blocks")
+    _expect_gathered(gather, 4)
 
 
 @ring_all_gather.case(hint="Use jax.lax.axis_size(axis_name) rather than a fixed device count.")
 def matches_all_gather_on_8_devices(gather):
-    run, x, expected = _gather_with(gather, 8)
-    expect_close(np.asarray(run(x)).reshape(expected.shape), expected, rtol=0, atol=0,
-                 what="every device's gathered blocks")
+    _expect_gathered(gather, 8)
 
 
 @ring_all_gather.case(hint="Build it from jax.lax.ppermute only: no all_gather, psum or other collective.")
@@ -135,9 +143,10 @@ def _reference_step(params, x, y):
 def _dp_run(step_fn, num_devices):
     mesh = _mesh(num_devices, "data")
     params, x, y = _regression()
+    expected = _reference_step(params, x, y)  # before the learner's code runs
     run = jax.jit(jax.shard_map(functools.partial(step_fn, learning_rate=_LEARNING_RATE), mesh=mesh,
                                 in_specs=(P(), P("data"), P("data")), out_specs=(P(), P())))
-    return run(params, x, y), _reference_step(params, x, y)
+    return run(params, x, y), expected
 
 
 @dp_step.case(points=2, hint="Differentiate the *global* loss: jax.lax.pmean(local mean loss, "
@@ -179,27 +188,27 @@ def _tp_run(mlp_fn, num_devices):
     mesh = _mesh(num_devices, "model")
     inputs = _mlp_inputs()
     run = jax.jit(functools.partial(mlp_fn, mesh=mesh))
-    return run, inputs
+    return run, inputs, _mlp_reference(*inputs)
 
 
 @tp_mlp.case(points=2, hint="Cut w1 by columns and b1 with it, w2 by rows; x and b2 stay whole. "
                             "Each device's h @ w2 is a partial sum of the output: psum it over "
                             "'model', then add b2 once.")
 def matches_one_device_on_2_devices(mlp_fn):
-    run, inputs = _tp_run(mlp_fn, 2)
-    expect_close(run(*inputs), _mlp_reference(*inputs), rtol=1e-5, atol=1e-5, what="the output")
+    run, inputs, expected = _tp_run(mlp_fn, 2)
+    expect_close(run(*inputs), expected, rtol=1e-5, atol=1e-5, what="the output")
 
 
 @tp_mlp.case(hint="The same specs must work on any size of the 'model' axis that divides hidden.")
 def matches_one_device_on_8_devices(mlp_fn):
-    run, inputs = _tp_run(mlp_fn, 8)
-    expect_close(run(*inputs), _mlp_reference(*inputs), rtol=1e-5, atol=1e-5, what="the output")
+    run, inputs, expected = _tp_run(mlp_fn, 8)
+    expect_close(run(*inputs), expected, rtol=1e-5, atol=1e-5, what="the output")
 
 
 @tp_mlp.case(points=2, hint="Tensor parallelism never gathers the weights: the only message is "
                             "one all-reduce (psum) of the (batch, classes) output.")
 def communicates_one_all_reduce_of_the_output(mlp_fn):
-    run, inputs = _tp_run(mlp_fn, 8)
+    run, inputs, _ = _tp_run(mlp_fn, 8)
     found = parallel.collectives(run.lower(*inputs).compile().as_text())
     summary = [(c.kind, c.num_bytes) for c in found]
     output_bytes = inputs[0].shape[0] * inputs[4].shape[0] * 4
