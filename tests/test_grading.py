@@ -1,5 +1,7 @@
 """stacklib.grading: assertions, the case runner, check's report, stripping, instructor grading."""
 
+import signal
+import sys
 import time
 
 import nbformat
@@ -11,6 +13,7 @@ from stacklib.grading import (
     Exercise,
     UnknownExerciseError,
     check,
+    expect,
     expect_close,
     expect_equal,
     expect_gradient,
@@ -19,7 +22,7 @@ from stacklib.grading import (
 )
 from stacklib.grading.instructor import grade_folder, write_score_tables
 from stacklib.grading.report import GRADE_METADATA_KEY, format_html, format_text
-from stacklib.grading.runner import ERROR, FAILED, NOT_IMPLEMENTED, PASSED, TIMED_OUT
+from stacklib.grading.runner import ERROR, FAILED, NOT_IMPLEMENTED, PASSED, SKIPPED, TIMED_OUT
 from stacklib.grading.strip import (
     SolutionMarkerError,
     stale_exercises,
@@ -166,6 +169,209 @@ def test_a_hanging_answer_is_stopped_outside_the_main_thread_too():
     thread.start()
     thread.join(10)
     assert statuses(box["result"])[1] == TIMED_OUT
+
+
+# --- what a learner's code can do that must not stop Run All -----------------------------------
+
+
+def test_sys_exit_and_system_exit_are_graded_as_errors_not_raised():
+    def calls_sys_exit(x):
+        sys.exit()
+
+    def raises_system_exit(x):
+        raise SystemExit(3)
+
+    for answer in (calls_sys_exit, raises_system_exit):
+        result = grade("98.square", answer)  # would stop the cell (and Run All) if it escaped
+        assert statuses(result) == [ERROR, ERROR]
+        message = result.cases[0].message
+        assert "your code called sys.exit()" in message and "return a value instead" in message
+        assert f"in {answer.__name__}, line" in message
+
+
+def test_a_keyboard_interrupt_raised_by_the_learner_is_graded():
+    def raises_keyboard_interrupt(x):
+        raise KeyboardInterrupt
+
+    result = grade("98.square", raises_keyboard_interrupt)
+    assert statuses(result) == [ERROR, ERROR]
+    assert "your code raised KeyboardInterrupt" in result.cases[0].message
+
+
+def test_a_real_interrupt_stops_the_check_even_if_the_learner_swallows_it():
+    def presses_stop(x):
+        signal.raise_signal(signal.SIGINT)  # what the notebook's stop button sends
+
+    def presses_stop_and_swallows_it(x):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            pass
+        return x * x
+
+    handler = signal.getsignal(signal.SIGINT)
+    for answer in (presses_stop, presses_stop_and_swallows_it):
+        with pytest.raises(KeyboardInterrupt):
+            grade("98.square", answer)
+        assert signal.getsignal(signal.SIGINT) is handler
+
+
+def _squares_two(fn):
+    expect_close(fn(2.0), 4.0)
+
+
+# A toy exercise of four cases, each with a short time limit.
+slow = Exercise("98.slow", "Square quickly")
+for _ in range(4):
+    slow.case(time_limit_s=0.3)(_squares_two)
+
+
+def test_after_a_timeout_the_exercise_skips_its_other_cases():
+    def hangs(x):
+        while True:
+            time.sleep(0.01)
+
+    start = time.monotonic()
+    result = grade("98.slow", hangs)
+    assert time.monotonic() - start < 1.5  # one time limit, not four
+    assert statuses(result) == [TIMED_OUT, SKIPPED, SKIPPED, SKIPPED]
+    assert result.points == 0 and result.max_points == 4
+    assert "skipped: an earlier case timed out; fix the hang first" in result.cases[1].message
+
+
+def test_a_timeout_swallowed_by_a_bare_except_still_counts():
+    def swallows_the_stop(x):
+        for _ in range(40):
+            try:
+                time.sleep(0.02)
+            except:  # noqa: E722 - the beginner's bare except this test is about
+                pass
+        return x * x
+
+    result = grade("98.slow", swallows_the_stop)
+    assert statuses(result)[0] == TIMED_OUT
+
+
+# --- printed output -----------------------------------------------------------------------------
+
+
+def test_printed_output_is_captured_and_shown_as_a_short_excerpt(capsys):
+    def prints_a_lot(x):
+        for i in range(10_000):
+            print(f"step {i}")
+        print("warning!", file=sys.stderr)
+        return x + x
+
+    result = grade("98.square", prints_a_lot)
+    assert capsys.readouterr() == ("", "")  # nothing reached the cell
+    output = result.cases[0].output
+    assert output.splitlines()[:2] == ["step 0", "step 1"]
+    assert output.splitlines()[-1] == "... 9,996 more lines"
+    text = format_text(result)
+    assert "step 0" in text and "9,996 more lines" in text and len(text.splitlines()) < 20
+    assert "step 0" in format_html(result) and len(format_html(result)) < 3000
+
+
+def test_the_output_of_a_passing_case_is_not_shown(capsys):
+    def prints_and_passes(x):
+        print("debugging")
+        return x * x
+
+    result = grade("98.square", prints_and_passes)
+    assert capsys.readouterr() == ("", "")
+    assert [case.output for case in result.cases] == ["", ""]
+    assert "debugging" not in format_text(result)
+
+
+def test_one_very_long_line_is_cut():
+    result = grade("98.square", lambda x: print("x" * 100_000))
+    assert len(result.cases[0].output) < 300
+
+
+# --- the grader's code failing on what the learner returned --------------------------------------
+
+# A toy exercise whose case uses the answer's result the way many chapters' cases do.
+rows = Exercise("98.rows", "Split a matrix into its rows")
+received = []
+
+
+@rows.case(hint="Return a list with one array per row.")
+def three_rows(fn):
+    received.append(fn)
+    got = fn(np.ones((3, 2)))
+    expect(len(got) == 3, f"expected 3 rows, got {len(got)}")
+
+
+def test_a_function_that_returns_none_is_told_to_return():
+    def forgets_return(matrix):
+        list(matrix)
+
+    result = grade("98.rows", forgets_return)
+    assert statuses(result) == [ERROR]
+    assert result.cases[0].message.startswith("your function returned None: did you forget `return`?")
+    assert "NoneType" not in result.cases[0].message
+
+
+def test_a_result_the_grader_cannot_use_is_named_as_such():
+    result = grade("98.rows", lambda matrix: 3)
+    assert result.cases[0].message.startswith(
+        "the grader could not use what your function returned (int): "
+        "TypeError: object of type 'int' has no len()")
+
+
+def test_the_learners_own_exception_still_names_the_learners_line():
+    def indexes_past_the_end(matrix):
+        rows = []
+        for i in range(4):
+            rows.append(matrix[i])
+        return rows
+
+    message = grade("98.rows", indexes_past_the_end).cases[0].message
+    assert message.startswith("IndexError:") and "in indexes_past_the_end, line" in message
+    assert "rows.append(matrix[i])" in message
+
+
+def test_calling_with_the_wrong_arguments_is_the_learners_error():
+    def takes_no_arguments():
+        return []
+
+    message = grade("98.rows", takes_no_arguments).cases[0].message
+    assert message.startswith("TypeError:") and "takes 0 positional arguments" in message
+
+
+def test_a_class_answer_is_handed_over_as_it_is():
+    class Rows:
+        def __init__(self, matrix):
+            self.matrix = matrix
+
+    received.clear()
+    result = grade("98.rows", Rows)
+    assert received == [Rows]
+    assert result.cases[0].message.startswith(
+        "the grader could not use your answer (Rows): TypeError:")
+
+
+def test_a_function_answer_is_seen_through_a_transparent_wrapper():
+    def two_rows(matrix):
+        """Docstring."""
+        return list(matrix)[:2]
+
+    received.clear()
+    grade("98.rows", two_rows)
+    assert received[0].__wrapped__ is two_rows and received[0].__name__ == "two_rows"
+
+
+def test_an_answer_that_is_not_callable_is_told_to_pass_the_function():
+    result = grade("98.square", 9.0)
+    assert statuses(result) == [ERROR, ERROR]
+    assert "pass the function itself" in result.cases[0].message
+
+
+def test_a_huge_error_message_is_shortened():
+    def raises_a_long_message(x):
+        raise ValueError("y" * 100_000)
+
+    assert len(grade("98.square", raises_a_long_message).cases[0].message) < 1200
 
 
 def test_an_unknown_exercise_id_lists_the_known_ones():

@@ -5,6 +5,9 @@ In Jupyter the report is one display output with three representations: plain te
 output's metadata under `GRADE_METADATA_KEY`, the scores as JSON. The instructor's
 command reads that metadata back from executed notebooks, so the grades in a table are
 the ones the learner saw.
+
+What a case printed is shown under it, cut to a few lines by the runner, for the
+cases that did not pass: that is where a learner's debugging print helps.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from stacklib.grading.runner import (
     FAILED,
     NOT_IMPLEMENTED,
     PASSED,
+    SKIPPED,
     TIMED_OUT,
     ExerciseResult,
     grade,
@@ -24,19 +28,24 @@ from stacklib.grading.runner import (
 
 GRADE_METADATA_KEY = "stacklib_grade"
 
-_MARKS = {PASSED: "✓", FAILED: "✗", NOT_IMPLEMENTED: "·", ERROR: "!", TIMED_OUT: "⏱"}
+_MARKS = {PASSED: "✓", FAILED: "✗", NOT_IMPLEMENTED: "·", ERROR: "!", TIMED_OUT: "⏱", SKIPPED: "-"}
 _COLOURS = {PASSED: "#1a7f37", FAILED: "#cf222e", NOT_IMPLEMENTED: "#6e7781",
-            ERROR: "#cf222e", TIMED_OUT: "#9a6700"}
+            ERROR: "#cf222e", TIMED_OUT: "#9a6700", SKIPPED: "#6e7781"}
 
 
 def format_text(result: ExerciseResult) -> str:
-    """The report as plain text: a header line, then one line per case."""
+    """The report as plain text: a header line, then one line per case (and what it printed)."""
     lines = [f"{result.exercise_id} · {result.title} · {result.points}/{result.max_points} points"]
     width = max((len(case.name) for case in result.cases), default=0)
     for case in result.cases:
         score = f"{case.points}/{case.max_points}"
         message = f"  {case.message}" if case.message else ""
         lines.append(f"  {_MARKS[case.status]} {case.name:<{width}}  {score:>5}{message}")
+        if case.output:
+            label = "      printed: "
+            printed = case.output.splitlines()
+            lines.append(label + printed[0])
+            lines += [" " * len(label) + line for line in printed[1:]]
     if result.cases and all(case.status == NOT_IMPLEMENTED for case in result.cases):
         lines.append("  Replace `raise NotImplementedError` with your code, then run this cell again.")
     return "\n".join(lines)
@@ -47,7 +56,7 @@ def format_html(result: ExerciseResult) -> str:
     rows = "".join(
         f"<tr><td style='color:{_COLOURS[case.status]}'>{_MARKS[case.status]}</td>"
         f"<td>{html.escape(case.name)}</td><td>{case.points}/{case.max_points}</td>"
-        f"<td>{html.escape(case.message)}</td></tr>"
+        f"<td>{html.escape(case.message)}{_printed_html(case.output)}</td></tr>"
         for case in result.cases
     )
     header = (
@@ -55,6 +64,13 @@ def format_html(result: ExerciseResult) -> str:
         f"<b>{result.points}/{result.max_points} points</b>"
     )
     return f"<div>{header}<table>{rows}</table></div>"
+
+
+def _printed_html(output: str) -> str:
+    if not output:
+        return ""
+    return ("<pre style='margin:0.3em 0 0;font-size:85%'>printed:\n"
+            f"{html.escape(output)}</pre>")
 
 
 def _in_ipython_kernel() -> bool:

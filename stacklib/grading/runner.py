@@ -6,18 +6,47 @@ and raises `CaseFailure` if the result is wrong; each case is worth some points.
 Chapters register their exercises in `stacklib.cases.chNN`; `grade("03.adam", adam)`
 imports that module on first use, runs every case, and returns the scores.
 
-Running a case never lets a learner's bug escape as a traceback. The outcome is one of
+Running a case never lets a learner's bug escape as a traceback, nor stop the
+notebook's Run All (so the later exercises are graded too). The outcome is one of
   passed           — full points;
   failed           — the case's message says what differs, plus the case's hint;
   not implemented  — the answer raised NotImplementedError (the exercise stub does);
-  error            — the answer raised; we report the exception and the learner's line;
-  timed out        — the answer ran past the case's time limit and was stopped.
+  error            — the answer raised (or called sys.exit()); we report the exception
+                     and the learner's line;
+  timed out        — the answer ran past the case's time limit and was stopped;
+  skipped          — an earlier case of the same exercise timed out.
+
+Decisions, and why:
+- Hangs. A function that hangs usually hangs in every case, so after the first
+  timeout the exercise's remaining cases are skipped (0 points, "fix the hang
+  first"): the learner waits one time limit, not cases x limit. Each case keeps its
+  own limit (rather than sharing one budget) so that one slow but finishing case
+  cannot use up the time of the next.
+- Exits and interrupts. `sys.exit()`, `raise SystemExit` and `raise KeyboardInterrupt`
+  in the learner's code are graded as errors. A real interrupt (the notebook's stop
+  button or Ctrl-C, both a SIGINT) still stops the check: while a case runs, a SIGINT
+  handler records that a signal arrived, and the runner raises KeyboardInterrupt when
+  the case ends, even if the learner's code swallowed it with a bare `except:`.
+- Printed output. What a case prints (stdout and stderr) is captured into a bounded
+  buffer, and the report shows its first lines for the cases that did not pass: a
+  function that prints 10,000 lines cannot flood the cell, and a debugging print
+  appears beside the case it explains.
+- Whose error. An exception that passed through the learner's code is the learner's:
+  the report gives its message and the learner's line. One raised while the
+  learner's code was not running is the case's own code failing on what the answer
+  returned (`len(None)`); the report says so instead of showing the grader's
+  TypeError as if it were the learner's bug, and names the usual cause, a function
+  that returned None because it has no `return`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import importlib
+import inspect
+import io
 import pathlib
 import pkgutil
 import signal
@@ -32,9 +61,11 @@ from stacklib.grading.expect import CaseFailure
 CASES_PACKAGE = "stacklib.cases"
 DEFAULT_TIME_LIMIT_S = 30.0
 
-PASSED, FAILED, NOT_IMPLEMENTED, ERROR, TIMED_OUT = (
-    "passed", "failed", "not implemented", "error", "timed out"
+PASSED, FAILED, NOT_IMPLEMENTED, ERROR, TIMED_OUT, SKIPPED = (
+    "passed", "failed", "not implemented", "error", "timed out", "skipped"
 )
+SKIPPED_AFTER_TIMEOUT = "skipped: an earlier case timed out; fix the hang first"
+MAX_MESSAGE_CHARS = 1000  # a learner's exception may carry a whole array in its message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +180,7 @@ class CaseResult:
     points: int
     max_points: int
     message: str = ""
+    output: str = ""  # the start of what the case printed; kept only if it did not pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,12 +206,18 @@ class ExerciseResult:
         }
 
 
+# --- time limits ------------------------------------------------------------------------------
+
+
 class CaseTimeout(BaseException):
     """Raised inside a case that ran past its time limit.
 
     A BaseException, like KeyboardInterrupt, so that a learner's `except Exception`
     inside a loop cannot swallow it.
     """
+
+
+_ALARM_REPEAT_S = 0.1
 
 
 def _call_with_time_limit(function: Callable[[], None], seconds: float) -> None:
@@ -191,21 +229,51 @@ def _call_with_time_limit(function: Callable[[], None], seconds: float) -> None:
     thread cannot be killed, but the grader moves on. Code stuck inside one long C call
     (a huge XLA computation) is stopped when that call returns.
     """
-    use_alarm = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-    if use_alarm:
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        _call_with_alarm(function, seconds)
+    else:
+        _call_in_thread(function, seconds)
 
-        def on_alarm(signum, frame):
+
+def _call_with_alarm(function: Callable[[], None], seconds: float) -> None:
+    """The SIGALRM version of `_call_with_time_limit`.
+
+    A bare `except:` catches CaseTimeout too. So a call that the alarm interrupted
+    counts as timed out even if it then returned (a fallback value earns no points),
+    and the alarm repeats until the call ends, so code that carries on after
+    swallowing one stop meets the next. (A loop that swallows every stop inside its
+    `try` cannot be stopped from within Python; restarting the kernel can.)
+    """
+    alarm = _AlarmState()
+
+    def on_alarm(signum, frame):
+        if alarm.armed:
+            alarm.rang = True
             raise CaseTimeout
 
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            function()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds, _ALARM_REPEAT_S)
+    try:
+        function()
+    except BaseException:
+        if not alarm.rang:
+            raise
+    finally:
+        alarm.armed = False  # first, so that an alarm already on its way is ignored
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _restore_handler(signal.SIGALRM, previous)
+    if alarm.rang:
+        raise CaseTimeout
 
+
+@dataclasses.dataclass
+class _AlarmState:
+    armed: bool = True
+    rang: bool = False
+
+
+def _call_in_thread(function: Callable[[], None], seconds: float) -> None:
+    """The thread version of `_call_with_time_limit`, for where SIGALRM cannot be used."""
     outcome: list[BaseException | None] = []
 
     def target():
@@ -224,6 +292,129 @@ def _call_with_time_limit(function: Callable[[], None], seconds: float) -> None:
         raise outcome[0]
 
 
+def _restore_handler(signum: int, previous: Any) -> None:
+    # None means the handler was set outside Python; the default is the closest we can do.
+    default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+    signal.signal(signum, default if previous is None else previous)
+
+
+# --- interrupts -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _real_interrupts_stop_the_check():
+    """Within the block, record a real SIGINT; at its end, raise KeyboardInterrupt if one came.
+
+    The learner's code can raise KeyboardInterrupt itself (graded as an error), or
+    swallow the real one with a bare `except:`. Only the signal handler knows which is
+    which. Signals reach only the main thread, so elsewhere (and where SIGINT is
+    ignored anyway) every KeyboardInterrupt comes from code, and nothing is installed.
+    """
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGINT)
+    if previous in (None, signal.SIG_IGN):
+        yield
+        return
+    arrived = False
+
+    def on_interrupt(signum, frame):
+        nonlocal arrived
+        arrived = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        _restore_handler(signal.SIGINT, previous)
+    if arrived:
+        raise KeyboardInterrupt
+
+
+# --- printed output ---------------------------------------------------------------------------
+
+
+class _OutputExcerpt(io.TextIOBase):
+    """A text stream that keeps the first lines written to it and counts the rest.
+
+    It stands in for sys.stdout and sys.stderr while a case runs. A learner's function
+    may print thousands of lines; the report needs the first few (usually where the
+    surprise is) and how many more there were, and memory stays bounded.
+    """
+
+    MAX_LINES = 5
+    MAX_LINE_CHARS = 160
+    encoding = "utf-8"
+
+    def __init__(self):
+        super().__init__()
+        self._head = ""  # the start of the output: enough for MAX_LINES full lines
+        self._newlines = 0
+        self._ends_with_newline = True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = self.MAX_LINES * (self.MAX_LINE_CHARS + 1) - len(self._head)
+        if room > 0:
+            self._head += text[:room]
+        self._newlines += text.count("\n")
+        if text:
+            self._ends_with_newline = text.endswith("\n")
+        return len(text)
+
+    def excerpt(self) -> str:
+        """The first lines (long ones cut), then '... N more lines'; '' if nothing was printed."""
+        total = self._newlines + (0 if self._ends_with_newline else 1)
+        shown = self._head.split("\n")[: min(total, self.MAX_LINES)]
+        lines = [line if len(line) <= self.MAX_LINE_CHARS else line[: self.MAX_LINE_CHARS] + "…"
+                 for line in shown]
+        hidden = total - len(shown)
+        if hidden:
+            lines.append(f"... {hidden:,} more line{'s' if hidden > 1 else ''}")
+        return "\n".join(lines)
+
+
+# --- whose error ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Calls:
+    """What the learner's function did during one case, as `_watched` saw it."""
+
+    returned_none: bool = False
+    last_result_type: str = ""
+    escaped: list[BaseException] = dataclasses.field(default_factory=list)  # raised through it
+
+
+def _watched(answer: Any, calls: _Calls) -> Any:
+    """`answer`, wrapped if it is a plain function so that the runner sees its results.
+
+    The wrapper is transparent: functools.wraps keeps the name, docstring and signature,
+    and it is a function, so a case can still jit it or make it a method. Classes are
+    handed over as they are, since a case may subclass them or check isinstance.
+    """
+    if not inspect.isfunction(answer):
+        return answer
+
+    @functools.wraps(answer)
+    def watched(*args, **kwargs):
+        try:
+            result = answer(*args, **kwargs)
+        except BaseException as error:
+            calls.escaped.append(error)
+            raise
+        calls.returned_none |= result is None
+        calls.last_result_type = type(result).__name__
+        return result
+
+    return watched
+
+
 _NOT_LEARNER_CODE = (
     sysconfig.get_paths()["stdlib"],
     str(pathlib.Path(__file__).resolve().parents[1]),  # the stacklib package
@@ -232,21 +423,46 @@ _NOT_LEARNER_CODE = (
 
 def _is_learner_frame(filename: str) -> bool:
     """False for frames in stacklib, the standard library and installed packages."""
+    if filename.startswith(("<frozen ", "<string>")):  # importlib; code generated by dataclasses
+        return False
     installed = {"site-packages", "dist-packages"} & set(pathlib.Path(filename).parts)
     return not installed and not str(pathlib.Path(filename).resolve()).startswith(_NOT_LEARNER_CODE)
 
 
-def _where_in_learner_code(error: BaseException) -> str:
+def _learner_frames(error: BaseException, case: Case) -> list[traceback.FrameSummary]:
+    """The frames of `error`'s traceback in the learner's code, outermost first.
+
+    The case's own function is the grader's wherever it is defined (a test file, or a
+    notebook cell that registers cases).
+    """
+    case_code = getattr(case.run, "__code__", None)
+    tb = error.__traceback__
+    frames = zip(traceback.walk_tb(tb), traceback.extract_tb(tb), strict=True)
+    return [summary for (frame, _), summary in frames
+            if frame.f_code is not case_code and _is_learner_frame(summary.filename)]
+
+
+def _where_in_learner_code(error: BaseException, case: Case) -> str:
     """' (in fn_name, line N: `source`)' for the innermost frame of the learner's code."""
-    frames = [
-        frame for frame in traceback.extract_tb(error.__traceback__)
-        if _is_learner_frame(frame.filename)
-    ]
+    frames = _learner_frames(error, case)
     if not frames:
         return ""
     frame = frames[-1]
     source = f": `{frame.line.strip()}`" if frame.line else ""
     return f" (in {frame.name}, line {frame.lineno}{source})"
+
+
+def _raised_in_learner_code(error: BaseException, case: Case, calls: _Calls) -> bool:
+    """Whether `error`, or one it was raised from, came out of the learner's code.
+
+    Either a frame of the learner's code is in its traceback, or it came out of a call
+    of the learner's function (a wrong number of arguments has no frame of its own).
+    """
+    while error is not None:
+        if any(error is escaped for escaped in calls.escaped) or _learner_frames(error, case):
+            return True
+        error = error.__cause__
+    return False
 
 
 def _is_not_implemented(error: BaseException) -> bool:
@@ -257,36 +473,100 @@ def _is_not_implemented(error: BaseException) -> bool:
     return False
 
 
-def run_case(case: Case, answer: Any) -> CaseResult:
-    """Run one case against the learner's answer and score it."""
+# --- running cases ----------------------------------------------------------------------------
 
-    def result(status: str, message: str = "") -> CaseResult:
-        points = case.points if status == PASSED else 0
-        return CaseResult(case.name, status, points, case.points, message)
 
-    if answer is None:
-        return result(NOT_IMPLEMENTED, "not implemented yet")
-    try:
-        _call_with_time_limit(lambda: case.run(answer), case.time_limit_s)
-    except CaseFailure as failure:
-        hint = f" Hint: {case.hint}" if case.hint else ""
-        return result(FAILED, f"{failure}.{hint}" if str(failure) else hint.strip())
-    except CaseTimeout:
-        return result(
-            TIMED_OUT,
+def _with_hint(message: str, case: Case) -> str:
+    hint = f" Hint: {case.hint}" if case.hint else ""
+    if not message:
+        return hint.strip()
+    return f"{message}{'' if message.endswith(('.', '?', '!')) else '.'}{hint}"
+
+
+def _grader_could_not_use(error: BaseException, answer: Any, calls: _Calls, case: Case) -> str:
+    """The message for the case's own code failing on what the answer gave it."""
+    if calls.returned_none:
+        return _with_hint("your function returned None: did you forget `return`?", case)
+    described = f"{type(error).__name__}: {error}"
+    if calls.last_result_type:
+        return _with_hint(
+            f"the grader could not use what your function returned ({calls.last_result_type}): "
+            f"{described}", case)
+    name = getattr(answer, "__name__", type(answer).__name__)
+    if "NoneType" in str(error):
+        described += " (None often comes from a method with no `return`)"
+    return _with_hint(f"the grader could not use your answer ({name}): {described}", case)
+
+
+def _diagnose(error: BaseException, case: Case, answer: Any, calls: _Calls) -> tuple[str, str]:
+    """The status and message of a case that raised `error`."""
+    if isinstance(error, CaseFailure):
+        return FAILED, _with_hint(str(error), case)
+    if isinstance(error, CaseTimeout):
+        return TIMED_OUT, (
             f"stopped at the {case.time_limit_s:g} s time limit: look for a loop that never "
-            "ends, or for a slow Python loop that array operations could replace.",
+            "ends, or for a slow Python loop that array operations could replace."
         )
-    except Exception as error:
-        if _is_not_implemented(error):
-            return result(NOT_IMPLEMENTED, "not implemented yet")
-        message = f"{type(error).__name__}: {error}{_where_in_learner_code(error)}"
-        return result(ERROR, message)
-    return result(PASSED)
+    where = _where_in_learner_code(error, case)
+    if isinstance(error, SystemExit):
+        return ERROR, ("your code called sys.exit() (or raised SystemExit), which would stop the "
+                       f"notebook: return a value instead{where}")
+    if isinstance(error, KeyboardInterrupt):
+        return ERROR, ("your code raised KeyboardInterrupt, which would stop the notebook: raise "
+                       f"an ordinary exception (e.g. ValueError) or return a value instead{where}")
+    if _is_not_implemented(error):
+        return NOT_IMPLEMENTED, "not implemented yet"
+    if _raised_in_learner_code(error, case, calls):
+        return ERROR, f"{type(error).__name__}: {error}{where}"
+    return ERROR, _grader_could_not_use(error, answer, calls, case)
+
+
+def _shortened(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS:,} more characters)"
+
+
+def _result(case: Case, status: str, message: str = "", output: str = "") -> CaseResult:
+    points = case.points if status == PASSED else 0
+    return CaseResult(case.name, status, points, case.points, _shortened(message), output)
+
+
+def run_case(case: Case, answer: Any) -> CaseResult:
+    """Run one case against the learner's answer and score it.
+
+    Every exception, SystemExit and KeyboardInterrupt included, becomes an outcome; only
+    a real interrupt (see the module docstring) stops the check.
+    """
+    if answer is None:
+        return _result(case, NOT_IMPLEMENTED, "not implemented yet")
+    if not callable(answer):
+        return _result(case, ERROR, (
+            f"expected your function or class, got {type(answer).__name__} {answer!r:.60}: "
+            "pass the function itself, by its name and without calling it, "
+            "as in check('00.softmax', softmax)"))
+    calls = _Calls()
+    output = _OutputExcerpt()
+    with (_real_interrupts_stop_the_check(),
+          contextlib.redirect_stdout(output), contextlib.redirect_stderr(output)):
+        try:
+            _call_with_time_limit(lambda: case.run(_watched(answer, calls)), case.time_limit_s)
+            status, message = PASSED, ""
+        except BaseException as error:  # graded below; a real interrupt is raised on exit
+            status, message = _diagnose(error, case, answer, calls)
+    return _result(case, status, message, "" if status == PASSED else output.excerpt())
 
 
 def grade(exercise_id: str, answer: Any) -> ExerciseResult:
-    """Run every case of `exercise_id` against `answer` and return the scores (no printing)."""
+    """Run every case of `exercise_id` against `answer` and return the scores (no printing).
+
+    After a case times out, the others are skipped (see the module docstring).
+    """
     exercise = get_exercise(exercise_id)
-    results = tuple(run_case(case, answer) for case in exercise.cases)
-    return ExerciseResult(exercise.exercise_id, exercise.title, results)
+    results: list[CaseResult] = []
+    for case in exercise.cases:
+        if any(result.status == TIMED_OUT for result in results):
+            results.append(_result(case, SKIPPED, SKIPPED_AFTER_TIMEOUT))
+        else:
+            results.append(run_case(case, answer))
+    return ExerciseResult(exercise.exercise_id, exercise.title, tuple(results))
