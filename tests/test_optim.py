@@ -43,15 +43,30 @@ def test_each_optimizer_minimises_a_quadratic(name):
     assert _quadratic(params) < 1e-2 * start, f"{name}: loss {_quadratic(params)} from {start}"
 
 
+def _expected_state_dtype(path: str, leaf) -> jnp.dtype:
+    if jnp.issubdtype(leaf.dtype, jnp.integer):
+        return jnp.int32  # step counts
+    if ".acc_grads" in path:
+        return jnp.float32  # MultiSteps accumulates in float32 by default, as optax's does
+    return jnp.bfloat16  # moments and traces keep the params' dtype
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_updates_and_params_keep_bfloat16(name):
+def test_updates_state_and_params_keep_bfloat16(name):
+    # apply_updates casts back to the params' dtype, so the params alone would hide a
+    # transformation that promotes its updates or its state to float32: check all three.
     tx = OPTIMIZERS[name]()
     params = {"w": jnp.ones(3, jnp.bfloat16), "b": jnp.ones((), jnp.bfloat16)}
     state = tx.init(params)
     grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
-    updates, state = tx.update(grads, state, params)
-    new_params = optax.apply_updates(params, updates)
-    assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves(new_params))
+    for _ in range(2):  # MultiSteps emits its first update on the second call
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        assert [leaf.dtype for leaf in jax.tree.leaves(updates)] == [jnp.bfloat16] * 2
+        assert [leaf.dtype for leaf in jax.tree.leaves(params)] == [jnp.bfloat16] * 2
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+            path = jax.tree_util.keystr(path)
+            assert leaf.dtype == _expected_state_dtype(path, leaf), f"{name}: state{path} is {leaf.dtype}"
 
 
 def test_a_jitted_step_compiles_once_and_is_reused():

@@ -163,3 +163,47 @@ def test_losses_agree_with_optax():
         ours.softmax_cross_entropy(logits, one_hot), optax.softmax_cross_entropy(logits, one_hot),
         rtol=1e-6, atol=1e-6,
     )
+
+
+# Complex parameters: the second moments average |g|^2 = conj(g) g, as optax's do.
+COMPLEX_OPTIMIZERS = [
+    ("adam", lambda o: o.adam(1e-2)),
+    ("adamw", lambda o: o.adamw(1e-2, weight_decay=0.1)),
+    ("rmsprop", lambda o: o.rmsprop(1e-2)),
+    ("clip_by_global_norm_adam", lambda o: o.chain(o.clip_by_global_norm(0.5), o.adam(1e-2))),
+]
+
+
+@pytest.mark.parametrize("name, make_tx", COMPLEX_OPTIMIZERS, ids=[case[0] for case in COMPLEX_OPTIMIZERS])
+def test_complex_parameters_get_optaxs_updates_and_states(name, make_tx):
+    rng = np.random.default_rng(2)
+
+    def complex_normal(*shape):
+        return jnp.asarray(rng.normal(size=shape) + 1j * rng.normal(size=shape), jnp.complex128)
+
+    with jax.enable_x64(True):
+        params = {"w": complex_normal(3, 2), "b": complex_normal(2)}
+        grads = [{"w": complex_normal(3, 2), "b": complex_normal(2)} for _ in range(20)]
+        results = []
+        for lib in (ours, optax):
+            tx, p = make_tx(lib), params
+            state = tx.init(p)
+            for g in grads:
+                updates, state = tx.update(g, state, p)
+                p = lib.apply_updates(p, updates)
+            results.append((p, updates, state))
+        for mine, theirs in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
+            assert mine.dtype == theirs.dtype
+            # The same operations in complex128: agreement to rounding error.
+            np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-12)
+
+
+def test_add_decayed_weights_passes_none_updates_through_like_optax():
+    params = {"frozen": jnp.ones(2), "trained": jnp.full(2, 2.0)}
+    updates = {"frozen": None, "trained": jnp.ones(2)}
+    results = []
+    for lib in (ours, optax):
+        tx = lib.add_decayed_weights(0.5)
+        results.append(tx.update(updates, tx.init(params), params)[0])
+    assert results[0]["frozen"] is None and results[1]["frozen"] is None
+    np.testing.assert_array_equal(results[0]["trained"], results[1]["trained"])

@@ -23,8 +23,12 @@ from stacklib.optim.base import GradientTransformation, PyTree, init_empty_state
 
 
 def global_norm(updates: PyTree) -> jax.Array:
-    """The L2 norm of all leaves together: `sqrt(sum over leaves of sum(x**2))`."""
-    squares = [jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(updates)]
+    """The L2 norm of all leaves together: `sqrt(sum over leaves of sum(|x|**2))`.
+
+    |x|^2 is computed as `re(x)^2 + im(x)^2`, optax's form, so complex leaves count their
+    magnitude (for real leaves the imaginary part is zero).
+    """
+    squares = [jnp.sum(jnp.square(leaf.real) + jnp.square(leaf.imag)) for leaf in jax.tree.leaves(updates)]
     return jnp.sqrt(functools.reduce(operator.add, squares, 0))
 
 

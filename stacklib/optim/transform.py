@@ -8,10 +8,13 @@ keeps its statistics in a `NamedTuple` state, so `adam` is simply
 The moment updates are written exactly as optax writes them (same operations, same
 order), so in float64 ours and optax's agree to rounding error, step after step.
 
+Complex parameters work as in optax: a second moment averages |g|^2 = conj(g) g, a real
+number, not g^2, whose phase would make `sqrt(nu)` meaningless. (The state keeps the
+params' complex dtype, with a zero imaginary part, as optax's does.)
+
 Differences from optax:
 - `scale_by_adam`, `scale_by_rms` and `scale_by_lion` reject updates whose structure
   differs from their state with an error that names the paths.
-- No complex-number support (optax takes |g|^2 for complex gradients).
 - `scale_by_lion` has only the paper's `sign` rule (optax also has 'smooth'/'refined').
 """
 
@@ -48,6 +51,16 @@ def _cast(tree, dtype):
 def _update_moment(updates, moments, decay, order):
     """Exponential moving average of the `order`-th power: `(1 - decay) g^order + decay m`."""
     return jax.tree.map(lambda g, t: (1 - decay) * (g**order) + decay * t, updates, moments)
+
+
+def _squared_norm(g):
+    """|g|^2 element by element: `g**2` for real g, `(conj(g) g).real` for complex g (as optax)."""
+    return g**2 if jnp.isrealobj(g) else (g.conj() * g).real
+
+
+def _update_second_moment(updates, moments, decay):
+    """Exponential moving average of |g|^2: `(1 - decay) |g|^2 + decay v`."""
+    return jax.tree.map(lambda g, t: (1 - decay) * _squared_norm(g) + decay * t, updates, moments)
 
 
 def _bias_correction(moment, decay, count):
@@ -141,7 +154,7 @@ def scale_by_adam(
 
     With $g_t$ the incoming update at step $t = 1, 2, \dots$:
 
-        m_t = b1 m_{t-1} + (1 - b1) g_t          v_t = b2 v_{t-1} + (1 - b2) g_t^2
+        m_t = b1 m_{t-1} + (1 - b1) g_t          v_t = b2 v_{t-1} + (1 - b2) |g_t|^2
         m^_t = m_t / (1 - b1^t)                   v^_t = v_t / (1 - b2^t)
         u_t = m^_t / (sqrt(v^_t + eps_root) + eps)
 
@@ -171,7 +184,7 @@ def scale_by_adam(
         del params
         check_same_structure(updates, state.mu, name="updates", reference_name="Adam's moments")
         mu = _update_moment(updates, state.mu, b1, 1)
-        nu = _update_moment(updates, state.nu, b2, 2)
+        nu = _update_second_moment(updates, state.nu, b2)
         count_inc = safe_increment(state.count)
         if nesterov:
             mu_hat = jax.tree.map(
@@ -212,7 +225,7 @@ def scale_by_rms(
 ) -> GradientTransformation:
     """Divide updates by the root of a moving average of their squares (RMSProp).
 
-        nu_t = decay nu_{t-1} + (1 - decay) g_t^2
+        nu_t = decay nu_{t-1} + (1 - decay) |g_t|^2
         u_t  = g_t / sqrt(nu_t + eps)          (eps_in_sqrt=True, optax's default)
         u_t  = g_t / (sqrt(nu_t) + eps)        (eps_in_sqrt=False, PyTorch's rule)
 
@@ -239,7 +252,7 @@ def scale_by_rms(
     def update_fn(updates, state, params=None):
         del params
         check_same_structure(updates, state.nu, name="updates", reference_name="RMSProp's averages")
-        nu = _update_moment(updates, state.nu, decay, 2)
+        nu = _update_second_moment(updates, state.nu, decay)
         if bias_correction:
             count_inc = safe_increment(state.count)
             nu_hat = _bias_correction(nu, decay, count_inc)
@@ -337,7 +350,10 @@ def add_decayed_weights(
         if isinstance(weight_decay, int | float) and weight_decay == 0.0:
             return updates, new_state  # nothing to add; skip the tree map
         s = weight_decay(state.count) if callable(weight_decay) else weight_decay
-        return jax.tree.map(lambda g, p: g + s * p, updates, params), new_state
+        # A None update (a leaf some other transformation dropped) stays None, as in optax.
+        updates = jax.tree.map(lambda g, p: None if g is None else g + s * p, updates, params,
+                               is_leaf=lambda x: x is None)
+        return updates, new_state
 
     tx = GradientTransformation(init_fn, update_fn)
     return masked(tx, mask) if mask is not None else tx
