@@ -92,7 +92,7 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"megabytes": 1024, "repeats": 3},
         "tpu": {"megabytes": 1024, "repeats": 3},
     },
-    # Chapter 05: the run that is killed mid-epoch and resumed (stacklib._examples).
+    # Chapter 05: the run that is killed mid-epoch and resumed (stacklib.examples).
     "resumable_training": {
         "cpu": {"records": 512, "batch_size": 32, "width": 64, "steps": 48, "save_every": 4},
         "gpu": {"records": 16384, "batch_size": 512, "width": 1024, "steps": 96, "save_every": 8},

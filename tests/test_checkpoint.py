@@ -381,7 +381,7 @@ def test_twenty_sigkills_during_async_saves_always_leave_a_latest_step_that_rest
 
 @pytest.mark.slow
 def test_a_run_interrupted_mid_epoch_and_resumed_ends_bitwise_identical(tmp_path):
-    from stacklib._examples.resumable_training import RunConfig, digest, train
+    from stacklib.examples.resumable_training import RunConfig, digest, train
 
     config = RunConfig(steps=24, records=128, batch_size=16, width=16, save_every=3)  # 8 steps per epoch
     uninterrupted = train(str(tmp_path / "a"), config)

@@ -1,14 +1,17 @@
-"""stacklib's layering (BOOK.md §3) and lint."""
+"""stacklib's layering (the list in stacklib/__init__.py's docstring) and lint."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
 from conftest import ROOT
 
-# A stacklib module imports only from layers below its own. `cases` (exercise cases) sit
-# on top, like tests, and may import anything.
+# A stacklib module imports only from layers below its own; stacklib/__init__.py lists
+# the same layers for readers. `cases` (exercise cases) and `examples` (whole programs)
+# sit on top, like tests, and may import anything.
+ON_TOP = {"cases", "examples"}
 LAYERS = {
     "hw": 0, "grading": 0, "transforms": 0,
     "nn": 1, "optim": 1, "data": 1, "checkpoint": 1, "compile": 1, "profile": 1,
@@ -41,9 +44,17 @@ def _stacklib_imports(path: pathlib.Path):
 def test_every_component_has_a_layer():
     for path in (ROOT / "stacklib").iterdir():
         name = path.name.removesuffix(".py")
-        if name.startswith("_") or name == "cases":
+        if name.startswith("_") or name in ON_TOP:
             continue
-        assert name in LAYERS, f"stacklib/{path.name} is in no layer; add it to LAYERS and BOOK.md"
+        assert name in LAYERS, (f"stacklib/{path.name} is in no layer; add it to LAYERS here and to the "
+                                "layer list in stacklib/__init__.py")
+
+
+def test_the_layers_here_are_the_ones_stacklib_documents():
+    docstring = ast.get_docstring(ast.parse((ROOT / "stacklib" / "__init__.py").read_text()))
+    documented = {name: int(layer) for layer, names in re.findall(r"^\s+(\d)\s+(.+)$", docstring, re.M)
+                  for name in names.split(", ")}
+    assert documented == LAYERS
 
 
 def test_modules_import_only_from_lower_layers():

@@ -15,7 +15,7 @@ machine runs the same compiled step the same way every time.
 
 Run it as a script:
 
-    python -m stacklib._examples.resumable_training /tmp/ckpt --steps 48
+    python -m stacklib.examples.resumable_training /tmp/ckpt --steps 48
 
 It prints `step N loss L` after each step and `final <sha256 of the parameters>`.
 

@@ -1,0 +1,9 @@
+"""Worked examples: whole programs that use several stacklib components together, as a user would.
+
+`resumable_training` is chapter 05's training run that survives being killed (a model,
+an optimizer, a data pipeline and checkpoints). Run one as a script,
+`python -m stacklib.examples.resumable_training DIR`, or import it.
+
+They sit on top of the layering, like `stacklib.cases` and the tests: they may import any
+component and any real library, and no component imports them.
+"""
