@@ -237,6 +237,7 @@ def test_after_a_timeout_the_exercise_skips_its_other_cases():
     assert statuses(result) == [TIMED_OUT, SKIPPED, SKIPPED, SKIPPED]
     assert result.points == 0 and result.max_points == 4
     assert "skipped: an earlier case timed out; fix the hang first" in result.cases[1].message
+    assert format_text(result).count("fix the hang first") == 3
 
 
 def test_a_timeout_swallowed_by_a_bare_except_still_counts():
