@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import tempfile
 import threading
 
 import jax
@@ -112,6 +113,27 @@ def leaves_the_temporary_file(path, chunks):
     os.replace(temporary, path)
 
 
+def temporary_file_elsewhere(path, chunks):
+    descriptor, temporary = tempfile.mkstemp()  # in the system's temporary folder, not beside path
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        pathlib.Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def swallows_the_error(path, chunks):
+    try:
+        atomic_write(path, chunks)
+    except Exception:
+        pass  # the caller never learns that the write failed
+
+
 def always_max(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
                keep_checkpoints_without_metrics=True):
     return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn, best_mode="max",
@@ -136,6 +158,35 @@ def drops_unscored(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
                                    best_mode=best_mode, keep_checkpoints_without_metrics=False)
 
 
+def best_first(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+               keep_checkpoints_without_metrics=True):
+    kept = retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+    if best_fn is None:
+        return kept
+    score = {s: best_fn(m) for s, m in zip(steps, metrics, strict=True) if m is not None}
+    return sorted(kept, key=lambda s: score.get(s, 0.0), reverse=best_mode == "max")  # not ascending
+
+
+def keeps_all_at_zero(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                      keep_checkpoints_without_metrics=True):
+    if max_to_keep == 0:
+        return list(steps[-max_to_keep:])  # steps[-0:] is every step
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def drops_unscored_in_place(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                            keep_checkpoints_without_metrics=True):
+    kept = retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+    steps[:] = [s for s in steps if s in kept]  # prunes the caller's list
+    return kept
+
+
 class Synchronous(AsyncSaver):
     def save(self, tree):
         self.write_fn(jax.tree.map(np.array, tree))
@@ -146,6 +197,12 @@ class NoSnapshot(AsyncSaver):
         self.wait_until_finished()
         self.thread = threading.Thread(target=self._write, args=(tree,))
         self.thread.start()
+
+
+class JoinsInSave(AsyncSaver):
+    def save(self, tree):
+        super().save(tree)
+        self.thread.join()  # a thread that save() waits for is a synchronous save
 
 
 class SwallowsErrors(AsyncSaver):
@@ -184,20 +241,51 @@ def first_problem_only(target, saved):
     return restore_into(target, saved)
 
 
+def numpy_for_shape_dtype_structs(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restored = restore_into(target, saved)
+    leaves = [np.asarray(leaf) if isinstance(original, jax.ShapeDtypeStruct) else leaf
+              for (_, original), leaf in zip(leaves_with_paths, jax.tree.leaves(restored), strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def no_cast(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restore_into(target, saved)  # the checks
+    leaves = [saved[jax.tree_util.keystr(path)] for path, _ in leaves_with_paths]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def pops_what_it_restores(target, saved):
+    restored = restore_into(target, saved)
+    for path, _ in jax.tree_util.tree_flatten_with_path(target)[0]:
+        saved.pop(jax.tree_util.keystr(path))  # empties the caller's dict
+    return restored
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("05.atomic_write", write_in_place, 1, "writes in place"),
     ("05.atomic_write", without_fsync, 5, "no fsync"),
     ("05.atomic_write", leaves_the_temporary_file, 5, "leaves the temporary file"),
+    ("05.atomic_write", temporary_file_elsewhere, 5, "writes the temporary file in another folder"),
+    ("05.atomic_write", swallows_the_error, 4, "swallows the exception"),
     ("05.keep_n", always_max, 2, "ignores best_mode"),
+    ("05.keep_n", best_first, 3, "returns the kept steps best first"),
+    ("05.keep_n", keeps_all_at_zero, 5, "steps[-0:] keeps everything"),
+    ("05.keep_n", drops_unscored_in_place, 0, "prunes the caller's list"),
     ("05.keep_n", ties_to_the_earlier, 5, "ties go to the earlier step"),
     ("05.keep_n", drops_unscored, 5, "drops steps without metrics"),
     ("05.async_save", Synchronous, 4, "writes synchronously"),
     ("05.async_save", NoSnapshot, 5, "no snapshot"),
+    ("05.async_save", JoinsInSave, 5, "joins the thread inside save"),
     ("05.async_save", SwallowsErrors, 6, "swallows errors"),
     ("05.async_save", Overlapping, 6, "does not wait for the previous save"),
     ("05.restore_into", unchecked_restore, 1, "no casting, placing or checking"),
     ("05.restore_into", first_problem_only, 3, "names only the first problem"),
+    ("05.restore_into", numpy_for_shape_dtype_structs, 4, "a ShapeDtypeStruct target becomes a NumPy array"),
+    ("05.restore_into", no_cast, 3, "does not cast, nor place a ShapeDtypeStruct"),
+    ("05.restore_into", pops_what_it_restores, 3, "empties the caller's dict"),
 ]
 
 

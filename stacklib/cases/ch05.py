@@ -4,7 +4,6 @@ import os
 import pathlib
 import tempfile
 import threading
-import time
 from unittest import mock
 
 import jax
@@ -12,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stacklib.checkpoint import retention
-from stacklib.grading import Exercise, expect, expect_equal
+from stacklib.grading import Exercise, call_on_copies, expect, expect_equal
 
 # 05.atomic_write ------------------------------------------------------------------------
 
@@ -121,7 +120,7 @@ def _loss(metrics):
 
 def _expect_kept(keep, steps, metrics, **options):
     expected = retention.steps_to_keep(steps, metrics, **options)
-    got = keep(list(steps), list(metrics), **options)
+    got = call_on_copies(keep, list(steps), list(metrics), what="steps_to_keep", **options)
     shown = {k: getattr(v, "__name__", v) for k, v in options.items()}
     expect(list(got) == expected,
            f"steps {list(steps)}, {shown}: expected to keep {expected}, got {list(got)}")
@@ -168,11 +167,28 @@ def keeping_zero_keeps_nothing(keep):
 
 async_save = Exercise("05.async_save", "An asynchronous saver: snapshot on the caller, write in a thread")
 
-_BLOCKED_WRITE_S = 2.0  # how long a blocked write waits for the case to release it
+# No case here reads a clock: each one holds the write in the saver's thread on an Event
+# until it has looked at what save() did, so a right answer passes and a wrong one fails
+# on every run. The waits below only bound how long a wrong answer (one that blocks in
+# save) holds the case up; a right one never waits for them to run out.
+_BLOCKED_WRITE_S = 3.0  # how long a held write waits for the case to release it
+_OVERLAP_WAIT_S = 2.0  # how long the first write waits for an overlapping second one
 
 
 def _tree():
     return {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": [np.zeros(2), np.ones(1)]}
+
+
+def _held_write(release, written):
+    """A write_fn that, off the caller's thread, waits for `release` before it writes."""
+    caller = threading.current_thread()
+
+    def write(tree):
+        if threading.current_thread() is not caller:
+            release.wait(_BLOCKED_WRITE_S)
+        written.append((threading.current_thread() is caller, tree))
+
+    return write
 
 
 @async_save.case(hint="save(tree) starts a thread that calls write_fn(snapshot); "
@@ -190,18 +206,15 @@ def writes_what_was_saved(AsyncSaver):
                                                  "after starting it.")
 def save_returns_before_the_write_finishes(AsyncSaver):
     release, written = threading.Event(), []
-
-    def slow_write(tree):
-        release.wait(_BLOCKED_WRITE_S)
-        written.append(tree)
-
-    saver = AsyncSaver(slow_write)
-    start = time.perf_counter()
+    saver = AsyncSaver(_held_write(release, written))
     saver.save(_tree())
-    blocked = time.perf_counter() - start
+    done_when_save_returned = list(written)
     release.set()
     saver.wait_until_finished()
-    expect(blocked < _BLOCKED_WRITE_S / 2, f"save() blocked for {blocked:.1f} s, until the write was done")
+    expect(not any(on_caller for on_caller, _ in written),
+           "save() called write_fn itself, on the caller's thread: start a threading.Thread that calls it")
+    expect(not done_when_save_returned, "the write had already finished when save() returned: save() "
+                                        "waited for it (a join right after start?)")
     expect(len(written) == 1, "after wait_until_finished the write has not happened")
 
 
@@ -209,38 +222,42 @@ def save_returns_before_the_write_finishes(AsyncSaver):
                                                  "(jax.tree.map(np.array, tree)) before starting the thread.")
 def the_snapshot_is_taken_when_save_returns(AsyncSaver):
     release, written = threading.Event(), []
-
-    def slow_write(tree):
-        release.wait(_BLOCKED_WRITE_S)
-        written.append(tree)
-
     tree = _tree()
-    saver = AsyncSaver(slow_write)
+    saver = AsyncSaver(_held_write(release, written))
     saver.save(tree)
     tree["w"] += 100.0  # the next training step changes the weights in place
     release.set()
     saver.wait_until_finished()
-    expect_equal(written[0], _tree(), what="the written tree (it must not see changes made after save)")
+    expect(len(written) == 1, f"write_fn was called {len(written)} times for one save")
+    expect_equal(written[0][1], _tree(), what="the written tree (it must not see changes made after save)")
 
 
-@async_save.case(hint="Before starting a new write, wait for the previous one.")
+@async_save.case(time_limit_s=20, hint="Before starting a new write, wait for the previous one.")
 def saves_never_overlap(AsyncSaver):
-    intervals = []
+    lock, second_started = threading.Lock(), threading.Event()
+    running, overlapped, order = [], [], []
 
-    def timed_write(tree):
-        start = time.perf_counter()
-        time.sleep(0.2)
-        intervals.append((start, time.perf_counter(), float(tree["w"][0, 0])))
+    def write(tree):
+        with lock:
+            overlapped.append(bool(running))
+            running.append(1)
+            order.append(float(tree["w"][0, 0]))
+            first = len(order) == 1
+        if first:  # a saver that does not wait starts the second write while this one runs
+            second_started.wait(_OVERLAP_WAIT_S)
+        else:
+            second_started.set()
+        with lock:
+            running.pop()
 
-    saver = AsyncSaver(timed_write)
+    saver = AsyncSaver(write)
     for value in (1.0, 2.0, 3.0):
         tree = _tree()
         tree["w"][0, 0] = value
         saver.save(tree)
     saver.wait_until_finished()
-    expect([v for _, _, v in intervals] == [1.0, 2.0, 3.0], f"writes happened in order {intervals}")
-    overlaps = any(later[0] < earlier[1] for earlier, later in zip(intervals, intervals[1:], strict=False))
-    expect(not overlaps, "two writes ran at the same time")
+    expect(not any(overlapped), "a write started while the previous one was still running")
+    expect(order == [1.0, 2.0, 3.0], f"the writes happened in the order {order}, not 1, 2, 3")
 
 
 @async_save.case(hint="Catch the exception in the thread, keep it, and raise it (once) in "
@@ -274,7 +291,7 @@ def _saved(tree):
                         "keystr(path), and unflatten with the target's treedef.")
 def rebuilds_the_targets_structure(restore):
     tree = {"layers": [{"w": jnp.ones((2, 2))}, {"w": jnp.full((2, 1), 3.0)}], "step": (jnp.int32(4),)}
-    got = restore(tree, _saved(tree))
+    got = call_on_copies(restore, tree, _saved(tree), what="restore_into")
     expect(jax.tree.structure(got) == jax.tree.structure(tree),
            f"expected structure {jax.tree.structure(tree)}, got {jax.tree.structure(got)}")
     expect_equal([np.asarray(x) for x in jax.tree.leaves(got)],
@@ -285,7 +302,7 @@ def rebuilds_the_targets_structure(restore):
 def casts_to_the_target_dtype_and_keeps_numpy_leaves(restore):
     saved = _saved({"w": np.linspace(0, 1, 5, dtype=np.float32), "host": np.arange(3, dtype=np.int64)})
     target = {"w": jnp.zeros(5, jnp.bfloat16), "host": np.zeros(3, np.int32)}
-    got = restore(target, saved)
+    got = call_on_copies(restore, target, saved, what="restore_into")
     expect(isinstance(got["w"], jax.Array) and got["w"].dtype == jnp.bfloat16,
            f"['w']: expected a bfloat16 jax array, got {type(got['w']).__name__} "
            f"of {np.asarray(got['w']).dtype}")
@@ -298,6 +315,8 @@ def casts_to_the_target_dtype_and_keeps_numpy_leaves(restore):
 def shape_dtype_struct_targets_become_arrays_with_the_targets_sharding(restore):
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32, sharding=sharding)}
+    # Called directly: a sharding holds devices, which cannot be deep-copied; nothing expected
+    # here is computed from the inputs.
     got = restore(target, {"['w']": np.arange(6, dtype=np.float32).reshape(2, 3)})
     expect(isinstance(got["w"], jax.Array), f"expected a jax.Array, got {type(got['w']).__name__}")
     expect(got["w"].sharding == sharding, f"expected sharding {sharding}, got {got['w'].sharding}")
@@ -309,7 +328,7 @@ def mismatches_are_all_named_in_one_error(restore):
     saved = _saved({"w": np.zeros((2, 3)), "b": np.zeros(3), "old": np.zeros(1)})
     target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(3), "new": jnp.zeros(1)}
     try:
-        restore(target, saved)
+        call_on_copies(restore, target, saved, what="restore_into")
     except ValueError as error:
         message = str(error)
     else:
