@@ -1,11 +1,15 @@
 """Chapter 02's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import json
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import ROOT
 
 import stacklib.nn as nnx
-from stacklib.grading import grade
+from stacklib.grading import get_exercise, grade
 
 
 class Linear(nnx.Module):
@@ -51,6 +55,21 @@ def test_a_right_answer_scores_full_marks(exercise_id):
     assert result.points == result.max_points, [(c.name, c.message) for c in result.cases]
 
 
+def test_each_exercise_heading_states_the_points_its_cases_give():
+    cells = json.loads((ROOT / "solutions" / "02_modules.ipynb").read_text())["cells"]
+    stated, points = {}, None
+    for cell in cells:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("(\d\d\.\w+)"', source)):
+            stated[call.group(1)] = points
+    assert stated == {exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
+
+
+# Planted wrong answers.
+
 class NoBiasKey(Linear):
     def __init__(self, in_features, out_features, *, rngs):
         init = jax.nn.initializers.lecun_normal()
@@ -87,6 +106,23 @@ class BareArrays(Linear):
         return x @ self.kernel + self.bias
 
 
+class RandomBias(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), jnp.float32))
+        self.bias = nnx.Param(jax.random.normal(rngs.params(), (out_features,)) * 0.01)  # "uses" its key
+
+
+class NoBias(Linear):
+    def __call__(self, x):
+        return x @ self.kernel[...]
+
+
+class BatchOfVectorsOnly(Linear):
+    def __call__(self, x):
+        return jnp.einsum("bi,io->bo", x, self.kernel[...]) + self.bias[...]  # fails on (2, 5, 4)
+
+
 def unscaled_dropout(x, rate, rngs, deterministic=False):
     if deterministic:
         return x
@@ -100,6 +136,20 @@ def fixed_key_dropout(x, rate, rngs, deterministic=False):
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
+def keeps_with_probability_rate(x, rate, rngs, deterministic=False):
+    if deterministic:
+        return x
+    keep = jax.random.bernoulli(rngs.dropout(), rate, x.shape)  # True must mean keep: p = 1 - rate
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def key_before_deterministic(x, rate, rngs, deterministic=False):
+    key = rngs.dropout()  # drawn even when it is not used
+    if deterministic:
+        return x
+    return jnp.where(jax.random.bernoulli(key, 1.0 - rate, x.shape), x / (1.0 - rate), 0.0)
+
+
 def sharing_functional_call(graphdef, state, x):
     model = nnx.merge(graphdef, state)
     return model(x), nnx.state(model)
@@ -107,6 +157,11 @@ def sharing_functional_call(graphdef, state, x):
 
 def stale_state_functional_call(graphdef, state, x):
     return nnx.merge(graphdef, state, copy=True)(x), state
+
+
+def returns_the_model(graphdef, state, x):
+    model = nnx.merge(graphdef, state, copy=True)
+    return model(x), model  # a module is not a state: it cannot leave a jitted function
 
 
 def layer_norm_instead(x, scale, epsilon=1e-6):
@@ -121,6 +176,19 @@ def epsilon_outside(x, scale, epsilon=1e-6):
     return (x32 / (jnp.sqrt(jnp.mean(x32**2, -1, keepdims=True)) + epsilon) * scale).astype(x.dtype)
 
 
+def other_default_epsilon(x, scale, epsilon=1e-5):
+    return rms_norm(x, scale, epsilon)
+
+
+def mean_over_every_axis(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32**2) + epsilon) * scale).astype(x.dtype)
+
+
+def bfloat16_statistics(x, scale, epsilon=1e-6):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) / x.shape[-1] + epsilon) * scale
+
+
 def float32_output(x, scale, epsilon=1e-6):
     return rms_norm(x, scale, epsilon).astype(jnp.float32)
 
@@ -131,13 +199,22 @@ WRONG = [
     ("02.linear", NormalInit, 4, "standard normal instead of lecun_normal"),
     ("02.linear", Transposed, 2, "kernel stored (out, in)"),
     ("02.linear", BareArrays, 3, "arrays outside Variables: right weights, but no state"),
+    ("02.linear", RandomBias, 4, "a random bias from the second key"),
+    ("02.linear", NoBias, 5, "forgets the bias"),
+    ("02.linear", BatchOfVectorsOnly, 5, "works only on 2-D inputs"),
     ("02.dropout", unscaled_dropout, 2, "forgets to rescale by 1 / (1 - rate)"),
     ("02.dropout", fixed_key_dropout, 3, "a fixed key instead of the stream"),
+    ("02.dropout", keeps_with_probability_rate, 2, "keeps with probability rate, not 1 - rate"),
+    ("02.dropout", key_before_deterministic, 4, "draws a key even when deterministic"),
     ("02.functional_call", sharing_functional_call, 3, "merge without copy mutates the input state"),
     ("02.functional_call", stale_state_functional_call, 3, "returns the old state"),
+    ("02.functional_call", returns_the_model, 3, "returns the model, not its state"),
     ("02.rms_norm", layer_norm_instead, 0, "subtracts the mean (LayerNorm)"),
-    ("02.rms_norm", epsilon_outside, 3, "epsilon outside the square root"),
-    ("02.rms_norm", float32_output, 3, "returns float32 for bfloat16 inputs"),
+    ("02.rms_norm", epsilon_outside, 4, "epsilon outside the square root"),
+    ("02.rms_norm", other_default_epsilon, 4, "default epsilon 1e-5"),
+    ("02.rms_norm", mean_over_every_axis, 1, "the mean over every axis, not the last"),
+    ("02.rms_norm", bfloat16_statistics, 4, "statistics in bfloat16"),
+    ("02.rms_norm", float32_output, 4, "returns float32 for bfloat16 inputs"),
 ]
 
 
