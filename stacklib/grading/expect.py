@@ -218,7 +218,7 @@ def call_on_copies(function: Callable, *args: Any, what: str = "your function", 
     """
     given_args, given_kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
     result = function(*given_args, **given_kwargs)
-    changed = [f"argument {i + 1}" for i, (original, given) in enumerate(zip(args, given_args))
+    changed = [f"argument {i + 1}" for i, (original, given) in enumerate(zip(args, given_args, strict=True))
                if not _same_value(given, original)]
     changed += [f"argument {name}=" for name in kwargs if not _same_value(given_kwargs[name], kwargs[name])]
     if changed:
