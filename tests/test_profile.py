@@ -179,17 +179,29 @@ def test_plot_roofline_places_points_and_the_ridge():
 # ---------------------------------------------------------------- timing
 
 
-def test_time_fn_keeps_compilation_out_and_waits_for_the_result():
+def test_time_fn_keeps_compilation_out_and_waits_for_the_result(monkeypatch):
+    # A fake clock that only the fake step moves, so the expectations are exact on any load.
+    clock = {"now": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
     calls = []
 
-    def slow_first_call(x):
-        time.sleep(0.3 if not calls else 0.01)  # the first call stands in for compiling
-        calls.append(1)
-        return x
+    class Pending:  # a result still being computed, as a dispatched JAX array is
+        def __init__(self, seconds):
+            self.ready_at = clock["now"] + seconds
 
-    timing = time_fn(slow_first_call, jnp.ones(2), repeats=3)
-    assert len(calls) == 4 and len(timing.seconds) == 3
-    assert timing.best <= timing.median < 0.3
+        def block_until_ready(self):
+            clock["now"] = max(clock["now"], self.ready_at)
+            return self
+
+    def step(x):
+        clock["now"] += 0.3 if not calls else 0.0  # the first call compiles, on the caller
+        calls.append(1)
+        return {"loss": Pending(0.01 * len(calls))}  # the work runs after the call returns
+
+    timing = time_fn(step, 1.0, repeats=3)
+    assert len(calls) == 4
+    assert timing.seconds == pytest.approx((0.02, 0.03, 0.04))  # compilation out, the work in
+    assert (timing.median, timing.best) == pytest.approx((0.03, 0.02))
 
 
 def test_time_fn_rejects_a_pointless_request():
