@@ -30,7 +30,8 @@ from stacklib.grading.strip import (
     write_exercises,
 )
 
-# A toy exercise for these tests; chapter 98 is reserved for the grader's own tests.
+# A toy exercise for these tests; chapters 97 and 98 are reserved for the grader's own tests
+# (the instructor's test below grades chapter 98 and expects this exercise alone there).
 square = Exercise("98.square", "Square a number")
 
 
@@ -221,7 +222,7 @@ def _squares_two(fn):
 
 
 # A toy exercise of four cases, each with a short time limit.
-slow = Exercise("98.slow", "Square quickly")
+slow = Exercise("97.slow", "Square quickly")
 for _ in range(4):
     slow.case(time_limit_s=0.3)(_squares_two)
 
@@ -232,7 +233,7 @@ def test_after_a_timeout_the_exercise_skips_its_other_cases():
             time.sleep(0.01)
 
     start = time.monotonic()
-    result = grade("98.slow", hangs)
+    result = grade("97.slow", hangs)
     assert time.monotonic() - start < 1.5  # one time limit, not four
     assert statuses(result) == [TIMED_OUT, SKIPPED, SKIPPED, SKIPPED]
     assert result.points == 0 and result.max_points == 4
@@ -249,7 +250,7 @@ def test_a_timeout_swallowed_by_a_bare_except_still_counts():
                 pass
         return x * x
 
-    result = grade("98.slow", swallows_the_stop)
+    result = grade("97.slow", swallows_the_stop)
     assert statuses(result)[0] == TIMED_OUT
 
 
@@ -292,7 +293,7 @@ def test_one_very_long_line_is_cut():
 # --- the grader's code failing on what the learner returned --------------------------------------
 
 # A toy exercise whose case uses the answer's result the way many chapters' cases do.
-rows = Exercise("98.rows", "Split a matrix into its rows")
+rows = Exercise("97.rows", "Split a matrix into its rows")
 received = []
 
 
@@ -307,14 +308,14 @@ def test_a_function_that_returns_none_is_told_to_return():
     def forgets_return(matrix):
         list(matrix)
 
-    result = grade("98.rows", forgets_return)
+    result = grade("97.rows", forgets_return)
     assert statuses(result) == [ERROR]
     assert result.cases[0].message.startswith("your function returned None: did you forget `return`?")
     assert "NoneType" not in result.cases[0].message
 
 
 def test_a_result_the_grader_cannot_use_is_named_as_such():
-    result = grade("98.rows", lambda matrix: 3)
+    result = grade("97.rows", lambda matrix: 3)
     assert result.cases[0].message.startswith(
         "the grader could not use what your function returned (int): "
         "TypeError: object of type 'int' has no len()")
@@ -327,7 +328,7 @@ def test_the_learners_own_exception_still_names_the_learners_line():
             rows.append(matrix[i])
         return rows
 
-    message = grade("98.rows", indexes_past_the_end).cases[0].message
+    message = grade("97.rows", indexes_past_the_end).cases[0].message
     assert message.startswith("IndexError:") and "in indexes_past_the_end, line" in message
     assert "rows.append(matrix[i])" in message
 
@@ -336,7 +337,7 @@ def test_calling_with_the_wrong_arguments_is_the_learners_error():
     def takes_no_arguments():
         return []
 
-    message = grade("98.rows", takes_no_arguments).cases[0].message
+    message = grade("97.rows", takes_no_arguments).cases[0].message
     assert message.startswith("TypeError:") and "takes 0 positional arguments" in message
 
 
@@ -346,7 +347,7 @@ def test_a_class_answer_is_handed_over_as_it_is():
             self.matrix = matrix
 
     received.clear()
-    result = grade("98.rows", Rows)
+    result = grade("97.rows", Rows)
     assert received == [Rows]
     assert result.cases[0].message.startswith(
         "the grader could not use your answer (Rows): TypeError:")
@@ -358,7 +359,7 @@ def test_a_function_answer_is_seen_through_a_transparent_wrapper():
         return list(matrix)[:2]
 
     received.clear()
-    grade("98.rows", two_rows)
+    grade("97.rows", two_rows)
     assert received[0].__wrapped__ is two_rows and received[0].__name__ == "two_rows"
 
 
