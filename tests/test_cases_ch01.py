@@ -1,10 +1,14 @@
 """Chapter 01's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import json
+import re
+
 import numpy as np
 import pytest
+from conftest import ROOT
 
 import stacklib.transforms as st
-from stacklib.grading import grade
+from stacklib.grading import get_exercise, grade
 from stacklib.transforms import batching, forward, lax, reverse
 
 # --------------------------------------------------------------------------- right answers
@@ -93,12 +97,37 @@ def tanh_jvp_without_the_tangent(primals, tangents):
     return y, lax.sub(1.0, lax.integer_pow(y, 2))  # the derivative, not the derivative times t
 
 
+def tanh_jvp_with_the_wrong_sign(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = lax.tanh(x)
+    return y, lax.mul(t, lax.sub(lax.integer_pow(y, 2), 1.0))  # tanh'' alone cannot tell
+
+
+def tanh_jvp_computing_tanh_twice(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return lax.tanh(x), lax.mul(t, lax.sub(1.0, lax.integer_pow(lax.tanh(x), 2)))
+
+
+def tanh_jvp_returning_only_the_tangent(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return lax.mul(t, lax.sub(1.0, lax.integer_pow(lax.tanh(x), 2)))
+
+
 def transpose_without_broadcast(ct, operand, *, axes):
     return [ct]
 
 
 def transpose_with_numpy_broadcasting(ct, operand, *, axes):
     return [st.numpy.broadcast_to(ct, operand.aval.shape)]  # right only when leading axes are summed
+
+
+def transpose_returning_a_bare_array(ct, operand, *, axes):
+    shape = operand.aval.shape
+    return lax.broadcast_in_dim(ct, shape, [d for d in range(len(shape)) if d not in axes])
+
+
+def transpose_with_numpy(ct, operand, *, axes):
+    return [np.broadcast_to(np.expand_dims(ct, tuple(axes)), operand.aval.shape)]  # not under jit
 
 
 def batch_without_shifting(batched_args, batch_dims, *, axes):
@@ -109,6 +138,16 @@ def batch_without_shifting(batched_args, batch_dims, *, axes):
 def batch_keeping_the_batch_dim(batched_args, batch_dims, *, axes):
     (x,), (d,) = batched_args, batch_dims
     return lax.reduce_sum(x, [a + (a >= d) for a in axes]), d  # right only if nothing before d is summed
+
+
+def batch_with_numpy(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return np.sum(x, axis=tuple(a + (a >= d) for a in axes)), d - sum(a < d for a in axes)
+
+
+def batch_returning_only_the_array(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + (a >= d) for a in axes])
 
 
 def logistic_with_a_scalar_type(logistic_p):
@@ -123,6 +162,16 @@ def logistic_jvp_with_numpy(logistic_p):
         (x,), (t,) = primals, tangents
         y = 1.0 / (1.0 + np.exp(-x))  # NumPy: breaks under jit
         return y, t * y * (1.0 - y)
+
+    forward.primitive_jvps[logistic_p] = jvp_rule
+
+
+def logistic_jvp_without_the_tangent(logistic_p):
+    define_logistic(logistic_p)
+
+    def jvp_rule(primals, tangents):
+        y = logistic_p.bind(primals[0])
+        return y, y * (1.0 - y)
 
     forward.primitive_jvps[logistic_p] = jvp_rule
 
@@ -146,15 +195,23 @@ def jacfwd_transposed(f):
 
 # (exercise, planted wrong answer, points it should still get)
 WRONG = [
-    ("01.tanh_jvp", tanh_jvp_forgets_the_square, 0),
+    ("01.tanh_jvp", tanh_jvp_forgets_the_square, 1),
     ("01.tanh_jvp", tanh_jvp_with_numpy, 3),
-    ("01.tanh_jvp", tanh_jvp_without_the_tangent, 0),
+    ("01.tanh_jvp", tanh_jvp_without_the_tangent, 1),
+    ("01.tanh_jvp", tanh_jvp_with_the_wrong_sign, 1),
+    ("01.tanh_jvp", tanh_jvp_computing_tanh_twice, 4),
+    ("01.tanh_jvp", tanh_jvp_returning_only_the_tangent, 0),
     ("01.reduce_sum_transpose", transpose_without_broadcast, 0),
     ("01.reduce_sum_transpose", transpose_with_numpy_broadcasting, 3),
+    ("01.reduce_sum_transpose", transpose_returning_a_bare_array, 0),
+    ("01.reduce_sum_transpose", transpose_with_numpy, 4),
     ("01.reduce_sum_batch", batch_without_shifting, 0),
-    ("01.reduce_sum_batch", batch_keeping_the_batch_dim, 1),
+    ("01.reduce_sum_batch", batch_keeping_the_batch_dim, 2),
+    ("01.reduce_sum_batch", batch_with_numpy, 3),
+    ("01.reduce_sum_batch", batch_returning_only_the_array, 0),
     ("01.logistic", logistic_with_a_scalar_type, 4),
     ("01.logistic", logistic_jvp_with_numpy, 5),
+    ("01.logistic", logistic_jvp_without_the_tangent, 3),
     ("01.logistic", logistic_batched_at_zero, 5),
     ("01.jacfwd", jacfwd_with_a_loop, 3),
     ("01.jacfwd", jacfwd_transposed, 2),
@@ -166,6 +223,54 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+# (exercise, planted wrong answer, words every failing case's message contains, words none contains)
+MESSAGES = [
+    ("01.tanh_jvp", tanh_jvp_with_numpy, ["NumPy function to a traced value", "np.tanh(x)", "lax.tanh"],
+     ["stacklib.transforms.numpy", "branch"]),
+    ("01.tanh_jvp", tanh_jvp_computing_tanh_twice, ["computes tanh 2 times"], []),
+    ("01.tanh_jvp", tanh_jvp_returning_only_the_tangent, ["returns a pair (primal_out, tangent_out)"], []),
+    ("01.reduce_sum_transpose", transpose_returning_a_bare_array,
+     ["returned a single array", "a list with one cotangent per input"], ["shape f64"]),
+    ("01.reduce_sum_transpose", transpose_with_numpy,
+     ["NumPy function to a traced value", "lax.broadcast_in_dim"], ["branch"]),
+    ("01.reduce_sum_batch", batch_with_numpy, ["NumPy function to a traced value", "lax.reduce_sum"], []),
+    ("01.reduce_sum_batch", batch_returning_only_the_array, ["returns a pair"], []),
+    ("01.logistic", logistic_jvp_with_numpy, ["NumPy function to a traced value", "np.exp(-x)"], ["branch"]),
+    ("01.jacfwd", jacfwd_transposed, ["is transposed", "out_axes=-1"], ["must itself be traceable"]),
+    ("01.jacfwd", jacfwd_with_a_loop, [], ["branch"]),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, present, absent", MESSAGES,
+                         ids=[m[1].__name__ for m in MESSAGES])
+def test_a_planted_wrong_answer_is_told_the_cause(exercise_id, answer, present, absent):
+    failures = [c.message for c in grade(exercise_id, answer).cases if c.points < c.max_points]
+    assert failures
+    for message in failures:
+        assert all(words in message for words in present), message
+        assert not any(words in message for words in absent), message
+
+
+def solution_points(slug: str) -> dict[str, int]:
+    """{exercise id: points} as the solution notebook states them: each "(N points)" heading
+    is paired with the next check("NN.name", ...) cell."""
+    notebook = json.loads((ROOT / "solutions" / f"{slug}.ipynb").read_text())
+    stated, points = {}, None
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("([^"]+)"', source)):
+            stated[call.group(1)] = points
+    return stated
+
+
+def test_the_solution_notebook_states_each_exercise_s_points():
+    assert solution_points("01_transforms") == {
+        exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
 
 
 def test_an_untouched_exercise_reports_not_implemented():
