@@ -154,6 +154,119 @@ def test_clone_copies_the_variables():
     assert float(jnp.abs(model.kernel[...]).sum()) > 0
 
 
+def test_merge_without_a_state_is_a_type_error_that_shows_the_call():
+    expected = r"missing 1 required positional argument: 'state'.*merge\(graphdef, state\)"
+    with pytest.raises(TypeError, match=expected):
+        nnx.merge(nnx.graphdef(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+
+
+def test_split_merge_update_and_clone_take_a_dict_of_modules():
+    models = {"encoder": nnx.Linear(2, 3, rngs=nnx.Rngs(0)), "decoder": nnx.Linear(3, 2, rngs=nnx.Rngs(1))}
+    graphdef, params = nnx.split(models)
+    assert [path for path, _ in params.flat_state()][:2] == [("decoder", "bias"), ("decoder", "kernel")]
+    rebuilt = nnx.merge(graphdef, params)
+    assert type(rebuilt) is dict and rebuilt["encoder"].kernel is models["encoder"].kernel
+    nnx.update(models, jax.tree.map(jnp.zeros_like, params))
+    assert float(jnp.abs(models["decoder"].kernel[...]).sum()) == 0.0
+    copy = nnx.clone(models)
+    assert copy["encoder"].kernel is not models["encoder"].kernel
+
+
+def test_a_variable_or_a_leaf_is_its_own_state():
+    param = nnx.Param(jnp.ones(2))
+    graphdef, state = nnx.split(param)
+    assert state is param and nnx.merge(graphdef, state) is param
+    _, params, rest = nnx.split(nnx.BatchStat(jnp.ones(2)), nnx.Param, ...)
+    assert params == nnx.State({}) and isinstance(rest, nnx.BatchStat)
+    assert nnx.split(3)[1] == 3 and nnx.clone(param) is not param
+    nnx.update(param, nnx.Param(jnp.zeros(2)))
+    assert param[...].tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError, match="cannot change a int in place"):
+        nnx.update(3, 4)
+
+
+def test_state_entries_can_be_added_by_attribute_and_deleted():
+    state = nnx.state(MLP(3, 8, 2, rngs=nnx.Rngs(0)))
+    state.hidden.scale = nnx.Param(jnp.ones(8))
+    del state["hidden"]["bias"]
+    assert sorted(state["hidden"]) == ["kernel", "scale"]
+    assert ("hidden", "scale") in dict(state.flat_state())
+
+
+# -- a module is a pytree; iter_graph --------------------------------------------------------
+
+def test_a_module_is_a_pytree_of_its_variables_arrays():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]]
+    assert paths == [
+        ".dropout.rngs.count.value", ".dropout.rngs.key.value", ".hidden.bias.value",
+        ".hidden.kernel.value", ".out.bias.value", ".out.kernel.value",
+    ]
+    doubled = jax.tree.map(lambda a: a * 2 if a.dtype == jnp.float32 else a, model)
+    assert type(doubled) is MLP and doubled.dropout.rate == 0.1 and doubled.hidden is not model.hidden
+    np.testing.assert_array_equal(doubled.out.kernel[...], 2 * model.out.kernel[...])
+
+
+def test_jax_jit_takes_a_module_compiles_once_and_its_mutations_stay_inside():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    traces = []
+
+    @jax.jit
+    def forward(model, x):
+        traces.append(1)
+        return model(x)
+
+    x = jnp.ones((4, 3))
+    first, second = forward(model, x), forward(model, x)
+    assert len(traces) == 1
+    # jit called a rebuilt copy: the dropout counter of `model` did not advance, so the mask repeats.
+    assert int(model.dropout.rngs.count[...]) == 0
+    np.testing.assert_array_equal(first, second)
+    model.eval()  # a static attribute changed: a different tree structure, so jit traces again
+    forward(model, x)
+    assert len(traces) == 2
+
+
+def test_a_static_item_in_a_list_of_modules_is_not_a_leaf():
+    model = nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), nnx.relu)
+    assert len(jax.tree.leaves(model)) == 2  # the kernel and the bias; relu is structure
+    rebuilt = jax.tree.map(lambda a: a, model)
+    assert rebuilt.layers[1] is nnx.relu
+    x = jnp.ones((1, 2))
+    np.testing.assert_array_equal(jax.jit(lambda m, x: m(x))(model, x), model(x))
+
+
+def test_a_module_class_can_opt_out_of_being_a_pytree():
+    class Opaque(nnx.Module, pytree=False):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(2))
+
+    assert jax.tree.leaves(Opaque()) != [] and isinstance(jax.tree.leaves(Opaque())[0], Opaque)
+    assert [path for path, _ in nnx.state(Opaque()).flat_state()] == [("w",)]  # still splits
+
+
+def test_iter_graph_yields_attributes_and_variables_children_before_parents():
+    class Tied(nnx.Module):
+        def __init__(self):
+            self.first = nnx.Linear(1, 2, use_bias=False, rngs=nnx.Rngs(0))
+            self.second = self.first
+            self.size = 2
+
+    entries = [(path, type(value).__name__) for path, value in nnx.iter_graph(Tied())]
+    assert entries[-1] == ((), "Tied")
+    assert (("first", "kernel"), "Param") in entries and (("size",), "int") in entries
+    assert entries.index((("first", "kernel"), "Param")) < entries.index((("first",), "Linear"))
+    assert not any(path[:1] == ("second",) for path, _ in entries)  # shared: yielded once
+    assert [path for path, _ in Tied().iter_modules()] == [("first",), ()]
+
+
+def test_dropout_broadcasts_the_mask_along_negative_axes():
+    y = nnx.Dropout(0.5, broadcast_dims=(-1,), rngs=nnx.Rngs(0))(jnp.ones((64, 8)))
+    dropped = np.asarray(y == 0)
+    assert (dropped.all(axis=-1) | ~dropped.any(axis=-1)).all()  # whole rows kept or dropped
+    assert 0 < dropped[:, 0].sum() < 64
+
+
 # -- layers ----------------------------------------------------------------------------------
 
 def test_linear_is_x_at_kernel_plus_bias_with_kernel_in_by_out():

@@ -66,6 +66,9 @@ CASES = [
     ("rms_norm", lambda nnx, r: nnx.RMSNorm(8, rngs=r), lambda m: m(X * 3 + 1)),
     ("dropout", lambda nnx, r: nnx.Dropout(0.5, rngs=r), lambda m: (m(X), m(X))),
     ("dropout_broadcast", lambda nnx, r: nnx.Dropout(0.3, broadcast_dims=(1,), rngs=r), lambda m: m(X)),
+    ("dropout_broadcast_last", lambda nnx, r: nnx.Dropout(0.3, broadcast_dims=(-1,), rngs=r), lambda m: m(X)),
+    ("dropout_broadcast_negative_pair", lambda nnx, r: nnx.Dropout(0.3, broadcast_dims=(-2, 0), rngs=r),
+     lambda m: m(X)),
     ("attention_causal", lambda nnx, r: nnx.MultiHeadAttention(2, 8, decode=False, rngs=r),
      lambda m: m(X, is_causal=True)),
     ("attention_mask", lambda nnx, r: nnx.MultiHeadAttention(4, 8, 16, 6, decode=False, rngs=r),
@@ -237,3 +240,187 @@ def test_our_names_are_what_flax_get_partition_spec_reads(name, build, call):
     specs = jax.tree.leaves(flax_nnx.get_partition_spec(flax_nnx.state(theirs)))
     names = [P(*v.get_metadata("out_sharding", ())) for _, v in our_nnx.to_flat_state(our_nnx.state(ours))]
     assert names == specs
+
+
+# -- the graph API beyond single modules: iter_graph, modules as pytrees, containers, State ----
+
+def _graph_model(nnx, rngs):
+    """A model with every kind of attribute: Variables, submodules, a shared submodule and a
+    shared Variable, a list of a module and an int, a static dict, a tuple, None twice."""
+    class Leaf(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(2))
+            self.size = 2
+            self.name = "leaf"
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.a = Leaf()
+            self.shared = self.a
+            self.blocks = nnx.data([Leaf(), 3])  # nnx.data: flax 0.12 asks for it on a list of modules
+            self.table = {"y": 1, "x": (2, 3)}
+            self.dropout = nnx.Dropout(0.5, broadcast_dims=(-1,), rngs=rngs)
+            self.scale = nnx.BatchStat(jnp.zeros(()))
+            self.tied = self.scale
+            self.nothing = None
+            self.also_nothing = None
+            self.flag = True
+
+    return Model(rngs)
+
+
+def _iter_graph_entries(nnx, node, only_state=False):
+    """(path, type name, repr of a plain value) for each item of nnx.iter_graph, in order.
+    Flax also yields its bookkeeping attributes (`_pytree__state`, `_pytree__nodes`): dropped."""
+    entries = []
+    for path, value in nnx.iter_graph(node):
+        if any(isinstance(part, str) and part.startswith("_pytree__") for part in path):
+            continue
+        # flax's nnx.List is a Module; ours is a plain list (see stacklib/nn/module.py).
+        is_state = isinstance(value, nnx.Variable | nnx.Module) and type(value).__name__ != "List"
+        if only_state and not is_state:
+            continue
+        plain = isinstance(value, int | float | str | bool | type(None))
+        entries.append((path, type(value).__name__, repr(value) if plain else None))
+    return entries
+
+
+def test_iter_graph_yields_what_flax_yields_in_the_same_order():
+    ours = _iter_graph_entries(our_nnx, _graph_model(our_nnx, our_nnx.Rngs(0)))
+    theirs = _iter_graph_entries(flax_nnx, _graph_model(flax_nnx, flax_nnx.Rngs(0)))
+    assert ours == theirs
+    assert ours[-1] == ((), "Model", None)  # the root last
+    assert (("scale",), "BatchStat", None) in ours and ("tied",) not in [e[0] for e in ours]
+
+
+@pytest.mark.parametrize("name, build, call", CASES, ids=IDS_)
+def test_iter_graph_yields_the_same_modules_and_variables(name, build, call):
+    # Library layers keep different static attributes (flax's Linear has `dot_general`, ...),
+    # so here only the modules and Variables are compared.
+    ours, theirs = _pair(build)
+    assert _iter_graph_entries(our_nnx, ours, True) == _iter_graph_entries(flax_nnx, theirs, True)
+
+
+def _leaves_with_paths(module):
+    leaves = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(module)[0]:
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        leaves.append((jax.tree_util.keystr(path), np.asarray(leaf)))
+    return leaves
+
+
+@pytest.mark.parametrize("name, build, call", CASES, ids=IDS_)
+def test_a_module_is_a_pytree_with_flaxs_paths_and_leaves(name, build, call):
+    ours, theirs = _pair(build)
+    mine, reference = _leaves_with_paths(ours), _leaves_with_paths(theirs)
+    assert [path for path, _ in mine] == [path for path, _ in reference]  # e.g. '.hidden.kernel.value'
+    for (path, a), (_, b) in zip(mine, reference, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+@pytest.mark.parametrize("name, build, call", CASES, ids=IDS_)
+def test_jax_jit_takes_a_module_as_an_argument_and_its_mutations_stay_inside(name, build, call):
+    ours, theirs = _pair(build)
+    mine, reference = jax.jit(call)(ours), jax.jit(call)(theirs)
+    for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(reference), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # as in test_outputs_agree_to_1e_6
+    # jit rebuilt the module from its leaves: in both, the originals' dropout counters did not move.
+    for used, fresh in zip([ours, theirs], _pair(build), strict=True):
+        for (path, a), (_, b) in zip(_leaves_with_paths(used), _leaves_with_paths(fresh), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+# What split/state/merge/update/clone accept besides a module, built the same way for both.
+def _linear_pair(nnx):
+    rngs = nnx.Rngs(0)
+    return nnx.Linear(2, 3, rngs=rngs), nnx.Linear(3, 1, rngs=rngs)
+
+
+GRAPHS = [
+    ("module", lambda nnx: _linear_pair(nnx)[0]),
+    ("dict_of_modules", lambda nnx: dict(zip("ab", _linear_pair(nnx), strict=True))),
+    ("list_of_modules", lambda nnx: list(_linear_pair(nnx))),
+    ("tuple_with_an_int", lambda nnx: (_linear_pair(nnx)[0], 3)),
+    ("nested", lambda nnx: {"encoder": [_linear_pair(nnx)[0]], "size": 4}),
+    ("shared_in_a_list", lambda nnx: [_linear_pair(nnx)[0]] * 2),
+    ("dict_with_an_array", lambda nnx: {"w": jnp.arange(3.0), "p": nnx.Param(jnp.ones(2)), "n": 7}),
+    ("dict_of_variables", lambda nnx: {"p": nnx.Param(jnp.ones(2)), "b": nnx.BatchStat(jnp.zeros(1))}),
+    ("variable", lambda nnx: nnx.Param(jnp.arange(2.0))),
+    ("int", lambda nnx: 3),
+    ("array", lambda nnx: jnp.arange(4.0)),
+]
+GRAPH_IDS = [case[0] for case in GRAPHS]
+SINGLE = ("variable", "int", "array")  # a whole graph that is one Variable or leaf
+
+
+def _structure(nnx, value):
+    """A comparable description: container types and keys, module and Variable types, values."""
+    if isinstance(value, nnx.State):
+        return ("State", [(path, _structure(nnx, leaf)) for path, leaf in nnx.to_flat_state(value)])
+    if isinstance(value, nnx.Module):
+        return (type(value).__name__, _structure(nnx, nnx.state(value)))
+    if isinstance(value, nnx.Variable):
+        return (type(value).__name__, np.asarray(value.get_value()).tolist())
+    if isinstance(value, dict):
+        return ("dict", [(key, _structure(nnx, value[key])) for key in sorted(value)])
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [_structure(nnx, item) for item in value])
+    return ("leaf", np.asarray(value).tolist())
+
+
+@pytest.mark.parametrize("name, build", GRAPHS, ids=GRAPH_IDS)
+def test_split_and_merge_take_containers_variables_and_leaves_as_flax_does(name, build):
+    ours, theirs = build(our_nnx), build(flax_nnx)
+    for filters in [(), (our_nnx.Param, ...)]:
+        flax_filters = tuple(flax_nnx.Param if f is our_nnx.Param else f for f in filters)
+        mine, reference = our_nnx.split(ours, *filters)[1:], flax_nnx.split(theirs, *flax_filters)[1:]
+        assert [_structure(our_nnx, s) for s in mine] == [_structure(flax_nnx, s) for s in reference]
+    rebuilt, flax_rebuilt = our_nnx.merge(*our_nnx.split(ours)), flax_nnx.merge(*flax_nnx.split(theirs))
+    assert _structure(our_nnx, rebuilt) == _structure(flax_nnx, flax_rebuilt)
+    if name == "shared_in_a_list":
+        assert rebuilt[0] is rebuilt[1] and flax_rebuilt[0] is flax_rebuilt[1]
+
+
+@pytest.mark.parametrize("name, build", GRAPHS, ids=GRAPH_IDS)
+def test_state_and_clone_take_containers_as_flax_does(name, build):
+    ours, theirs = build(our_nnx), build(flax_nnx)
+    if name not in SINGLE:  # flax 0.12.8's state() raises IndexError on a Variable or a leaf
+        assert _structure(our_nnx, our_nnx.state(ours)) == _structure(flax_nnx, flax_nnx.state(theirs))
+    copy, flax_copy = our_nnx.clone(ours), flax_nnx.clone(theirs)
+    assert _structure(our_nnx, copy) == _structure(flax_nnx, flax_copy)
+    originals = {id(v) for _, v in our_nnx.iter_graph(ours) if isinstance(v, our_nnx.Variable)}
+    assert not any(id(v) in originals for _, v in our_nnx.iter_graph(copy))  # new Variables
+
+
+@pytest.mark.parametrize("name, build", [g for g in GRAPHS if g[0] not in SINGLE],
+                         ids=[i for i in GRAPH_IDS if i not in SINGLE])
+def test_update_writes_into_containers_as_flax_does(name, build):
+    ours, theirs = build(our_nnx), build(flax_nnx)
+    our_nnx.update(ours, jax.tree.map(lambda a: a + 1, our_nnx.state(ours)))
+    flax_nnx.update(theirs, jax.tree.map(lambda a: a + 1, flax_nnx.state(theirs)))
+    assert _structure(our_nnx, ours) == _structure(flax_nnx, theirs)
+
+
+@pytest.mark.parametrize("name, build", GRAPHS, ids=GRAPH_IDS)
+def test_merge_without_a_state_raises_type_error_as_in_flax(name, build):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'state'"):
+        flax_nnx.merge(flax_nnx.graphdef(build(flax_nnx)))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'state'"):
+        our_nnx.merge(our_nnx.graphdef(build(our_nnx)))
+
+
+def test_a_state_takes_new_nested_entries_and_deletions_as_in_flax():
+    states = []
+    for nnx in (our_nnx, flax_nnx):
+        state = nnx.State({"a": nnx.Param(1), "b": {"c": nnx.Param(2)}})
+        state.b.d = nnx.Param(5)
+        state.e = {"f": nnx.Param(3)}
+        state["g"] = nnx.Param(4)
+        del state["b"]["c"]
+        del state["g"]
+        assert isinstance(state["e"], nnx.State)
+        states.append([(path, type(v).__name__, v.get_value()) for path, v in nnx.to_flat_state(state)])
+    assert states[0] == states[1] == [
+        (("a",), "Param", 1), (("b", "d"), "Param", 5), (("e", "f"), "Param", 3)
+    ]

@@ -16,11 +16,13 @@ Use it where you would use `flax.nnx` (flax 0.12.8): `import stacklib.nn as nnx`
 The subset, file by file:
   variables.py      Variable, Param, BatchStat (boxes with `[...]`, `.value`, metadata),
                     VariableMetadata, with_metadata
-  module.py         Module (train/eval, iter_modules, set_attributes), List, Dict, data
+  module.py         Module (a pytree; train/eval, iter_modules, set_attributes), iter_graph,
+                    List, Dict, data
   rngs.py           Rngs, RngStream, RngState, RngKey, RngCount
   filters.py        filters for split/state: types, ..., tags, Not, Any, All, PathContains
   state.py          State, to_pure_dict, replace_by_pure_dict
-  graph.py          split, merge, state, graphdef, update, clone, GraphDef
+  graph.py          split, merge, state, graphdef, update, clone, GraphDef (for a module, a
+                    list or dict of them, a Variable or a leaf)
   linear.py         Linear, LinearGeneral, Embed
   normalization.py  LayerNorm, RMSNorm
   stochastic.py     Dropout
@@ -30,8 +32,10 @@ The subset, file by file:
   initializers.py   jax.nn.initializers, as flax re-exports them
 
 Training uses the functional path: `split` outside `jax.jit`, `merge` inside, `split`
-again on the way out, `update` to write back. The lifted transforms `nnx.jit`/`nnx.grad`
-are not included; chapter 02 explains why and shows the pattern they wrap.
+again on the way out, `update` to write back. A module is also a pytree, as in flax 0.12,
+so `jax.jit(lambda m, x: m(x))(model, x)` runs, but what the module changes inside (a
+dropout counter) stays inside. The lifted transforms `nnx.jit`/`nnx.grad` are not
+included; chapter 02 explains why and shows the pattern they wrap.
 Each file's docstring lists its differences from flax.nnx.
 """
 

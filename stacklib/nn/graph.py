@@ -21,25 +21,44 @@ A module graph may share a submodule or a Variable between two attributes (e.g. 
 embeddings). `split` records the second occurrence as a reference to the first, the
 state holds the Variable once, and `merge` rebuilds the sharing.
 
+Like flax, the functions take more than modules: a list, tuple or dict of modules
+(`split({'encoder': enc, 'decoder': dec})`, paths start with the key), a Variable, or a
+bare leaf. Outside any module, a container's arrays are state like Variables and its
+other values are static; a Variable or leaf passed as the whole graph is its own state
+(`split(param)` returns `(graphdef, param)`).
+
 Differences from flax.nnx:
 - The GraphDef is a tree of small frozen dataclasses (`NodeDef`, `VariableDef`,
-  `ContainerDef`, `NodeRef`, `Static`), not flax's flat node list; it is printable and
-  hashable, but not interchangeable with flax's.
-- No graph-update context (`update_context`), no `pop`, `map`, `iter_graph` over
-  Variables, `flatten`/`unflatten`, or tree mode (`graph=False`).
+  `LeafDef`, `ContainerDef`, `NodeRef`, `Static`), not flax's flat node list; it is
+  printable and hashable, but not interchangeable with flax's.
+- `update` refuses a path the graph does not have, naming it; flax ignores it on a
+  module and adds it to a dict. `state(variable)` returns the Variable and
+  `update(variable, state)` sets its value, where flax 0.12.8 raises IndexError.
+- No graph-update context (`update_context`), no `pop`, `map`, `flatten`/`unflatten`,
+  or tree mode (`graph=False`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 
-from stacklib.nn.filters import Filter
-from stacklib.nn.module import Object, check_attribute, container_items, graph_attributes, holds_state
+from stacklib.nn.filters import Filter, to_predicate
+from stacklib.nn.module import (
+    Object,
+    check_attribute,
+    container_items,
+    graph_attributes,
+    holds_state,
+    is_array,
+)
 from stacklib.nn.state import PathParts, State, path_str
 from stacklib.nn.variables import Variable
+
+_MISSING = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +90,12 @@ class VariableDef:
 
 
 @dataclasses.dataclass(frozen=True)
+class LeafDef:
+    """A value kept in the State as it is: an array in a container that no module holds,
+    or a whole graph that is a leaf (`split(3)`)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeRef:
     """A second reference to the node or Variable numbered `index` (sharing)."""
 
@@ -98,7 +123,7 @@ class NodeDef:
 class GraphDef:
     """The static half of a split module. A pytree with no leaves, so `jit` treats it as static."""
 
-    root: NodeDef
+    root: Any  # a NodeDef for a module, else a ContainerDef, VariableDef or LeafDef
 
     def __repr__(self) -> str:
         return f"GraphDef({_describe(self.root, '')})"
@@ -116,6 +141,8 @@ def _describe(definition: Any, indent: str) -> str:
         return f"<{definition.type.__name__}>"
     if isinstance(definition, NodeRef):
         return f"<shared #{definition.index}>"
+    if isinstance(definition, LeafDef):
+        return "<leaf>"
     value = definition.value
     return getattr(value, "__name__", None) or repr(value)
 
@@ -129,9 +156,9 @@ class _Flattener:
     def __init__(self, root_name: str):
         self.root_name = root_name  # names the model in error messages
         self.indices: dict[int, int] = {}  # id(node or Variable) -> index in the GraphDef
-        self.variables: list[tuple[PathParts, Variable]] = []
+        self.variables: list[tuple[PathParts, Any]] = []  # (path, Variable or leaf)
 
-    def definition(self, value: Any, path: PathParts) -> Any:
+    def definition(self, value: Any, path: PathParts, in_module: bool = False) -> Any:
         if isinstance(value, Variable | Object):
             if id(value) in self.indices:
                 return NodeRef(self.indices[id(value)])
@@ -140,59 +167,94 @@ class _Flattener:
                 self.variables.append((path, value))
                 return VariableDef(type(value), index)
             attributes = tuple(
-                (name, self.definition(child, (*path, name))) for name, child in graph_attributes(value)
+                (name, self.definition(child, (*path, name), in_module=True))
+                for name, child in graph_attributes(value)
             )
             return NodeDef(type(value), index, attributes)
-        if isinstance(value, list | tuple | dict) and holds_state(value):
-            items = tuple((key, self.definition(item, (*path, key))) for key, item in container_items(value))
+        # In a module, only containers that hold state are walked (a tuple of sizes is one
+        # static value); outside modules every container is, as in flax.
+        if isinstance(value, list | tuple | dict) and (holds_state(value) or not in_module):
+            items = tuple(
+                (key, self.definition(item, (*path, key), in_module))
+                for key, item in container_items(value)
+            )
             return ContainerDef(type(value), items)
-        check_attribute(self.root_name, path_str(path), value)
+        if in_module:
+            check_attribute(self.root_name, path_str(path), value)  # a bare array: the fix
+        elif is_array(value):
+            self.variables.append((path, value))
+            return LeafDef()
         return Static(value)
 
 
-def _flatten(node: Object) -> tuple[GraphDef, list[tuple[PathParts, Variable]]]:
-    if not isinstance(node, Object):
-        raise TypeError(
-            f"split/state/graphdef expect an nnx.Module (or Rngs), got {type(node).__name__}. "
-            "To take apart a plain pytree, use jax.tree.flatten."
-        )
+def _flatten(node: Any) -> tuple[GraphDef, list[tuple[PathParts, Any]]]:
+    if not isinstance(node, Variable | Object | list | tuple | dict):  # split(3), split(array)
+        return GraphDef(LeafDef()), [((), node)]
     flattener = _Flattener(type(node).__name__)
     root = flattener.definition(node, ())
     return GraphDef(root), flattener.variables
 
 
-def _partition(pairs: list[tuple[PathParts, Variable]], filters: tuple[Filter, ...], exhaustive: bool):
+def _partition(pairs: list[tuple[PathParts, Any]], filters: tuple[Filter, ...], exhaustive: bool):
+    if pairs and pairs[0][0] == ():
+        # The graph is a single Variable or leaf: like flax, it is its own state, in the
+        # slot of the first filter it matches; the other slots get empty States.
+        [(path, value)] = pairs
+        filters = filters or (...,)
+        states: list[Any] = [State({}) for _ in filters]
+        for i, predicate in enumerate(to_predicate(f) for f in filters):
+            if predicate(path, value):
+                states[i] = value
+                break
+        else:
+            if exhaustive:
+                raise ValueError(
+                    f"The filters {filters} select no group for the {type(value).__name__} "
+                    "being split. Add `...` as the last filter to collect the rest."
+                )
+        return tuple(states)
     if not filters:
         return (State.from_flat_path(pairs),)
     return State.from_flat_path(pairs).split(*filters, exhaustive=exhaustive)
 
 
-def split(node: Object, *filters: Filter) -> tuple[Any, ...]:
+def split(node: Any, *filters: Filter) -> tuple[Any, ...]:
     """Take a module apart into `(graphdef, state)` or `(graphdef, state_1, ..., state_n)`.
 
     With filters, each Variable goes to the State of the first filter it matches:
-    `graphdef, params, rest = split(model, nnx.Param, ...)`.
+    `graphdef, params, rest = split(model, nnx.Param, ...)`. `node` may also be a list,
+    tuple or dict of modules, a Variable or a leaf (see the module docstring).
 
     Raises:
       ValueError: some Variable matches none of the filters (end them with `...`).
-      TypeError: `node` is not a module, or a module attribute holds a bare array.
+      TypeError: a module attribute holds a bare array.
     """
     graphdef, pairs = _flatten(node)
     return (graphdef, *_partition(pairs, filters, exhaustive=True))
 
 
-def graphdef(node: Object) -> GraphDef:
+def graphdef(node: Any) -> GraphDef:
     """The GraphDef of `node` (what `split` returns first)."""
     return _flatten(node)[0]
 
 
-def state(node: Object, *filters: Filter) -> State | tuple[State, ...]:
+def state(node: Any, *filters: Filter) -> Any:
     """The Variables of `node` as a State; with several filters, a tuple of States.
 
     Unlike `split`, Variables matched by no filter are simply left out.
     """
     states = _partition(_flatten(node)[1], filters, exhaustive=False)
     return states[0] if len(states) == 1 else states
+
+
+def _flat_values(given: Any) -> list[tuple[PathParts, Any]]:
+    """(path, value) pairs of one state argument: a State, a plain nested dict, or the
+    Variable or leaf that `split` returned for a graph that is a single Variable or leaf."""
+    if isinstance(given, State):
+        return given.flat_state()
+    if isinstance(given, Mapping):
+        return State(given).flat_state()
+    return [((), given)]
 
 
 def _check_graphdef(definition: Any) -> GraphDef:
@@ -204,7 +266,7 @@ def _check_graphdef(definition: Any) -> GraphDef:
     return definition
 
 
-def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
+def merge(graphdef: GraphDef, state: Any = _MISSING, /, *states: Any, copy: bool = False) -> Any:
     """Build a module from a GraphDef and the State(s) that `split` gave with it.
 
     The module holds the Variables of `states` themselves, like flax, unless `copy=True`,
@@ -214,13 +276,19 @@ def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
     leak a tracer into the outer object.
 
     Raises:
+      TypeError: no state was given (as in flax), or `graphdef` is not a GraphDef.
       ValueError: a Variable the GraphDef needs is in none of the states, or a state has
         a path the GraphDef does not know; the message names the path.
     """
     root = _check_graphdef(graphdef).root
-    variables: dict[PathParts, Variable] = {}
-    for given in states:
-        variables.update(given.flat_state())
+    if state is _MISSING:
+        raise TypeError(
+            "merge() missing 1 required positional argument: 'state'. Pass the State(s) that "
+            "split returned with the GraphDef: nnx.merge(graphdef, state)."
+        )
+    variables: dict[PathParts, Any] = {}
+    for given in (state, *states):
+        variables.update(_flat_values(given))
     built: dict[int, Any] = {}
     used: set[PathParts] = set()
 
@@ -237,6 +305,11 @@ def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
             variable = variables[path].copy() if copy else variables[path]
             built[definition.index] = variable
             return variable
+        if isinstance(definition, LeafDef):
+            if path not in variables:
+                raise ValueError(f"merge: no value for {path_str(path)}. Pass every State split returned.")
+            used.add(path)
+            return variables[path]
         if isinstance(definition, NodeDef):
             node = object.__new__(definition.type)
             built[definition.index] = node
@@ -263,24 +336,45 @@ def merge(graphdef: GraphDef, *states: State, copy: bool = False) -> Any:
     return node
 
 
-def update(node: Object, *states: State) -> None:
+def update(node: Any, *states: Any) -> None:
     """Write the values of `states` into the matching Variables of `node`, in place.
+
+    An array outside any module (in a dict or list given as `node`) is replaced in its
+    container, as in flax.
 
     Raises:
       ValueError: a state has a path that `node` does not have (the message names it).
+      TypeError: `node` is a leaf, which cannot change in place.
     """
-    current = dict(_flatten(node)[1])
+    _, pairs = _flatten(node)
+    if pairs and pairs[0][0] == () and not isinstance(node, Variable):
+        raise TypeError(
+            f"update cannot change a {type(node).__name__} in place: only Variables and "
+            "containers can be updated. Use the value from the state instead."
+        )
+    current = dict(pairs)
     for given in states:
-        for path, value in given.flat_state():
+        for path, value in _flat_values(given):
             if path not in current:
                 raise ValueError(
                     f"update: {type(node).__name__} has no Variable at {path_str(path)}. "
                     "Was the state taken from a different model?"
                 )
-            current[path].set_value(value.get_value() if isinstance(value, Variable) else value)
+            new_value = value.get_value() if isinstance(value, Variable) else value
+            if isinstance(current[path], Variable):
+                current[path].set_value(new_value)
+            else:  # an array in a list or dict: replace it there
+                container = node
+                for key in path[:-1]:
+                    container = container[key]
+                container[path[-1]] = new_value
 
 
-def clone(node: Object) -> Any:
-    """A deep copy of a module: same structure and values, new Variables."""
+def clone(node: Any) -> Any:
+    """A deep copy of a module (or of a container of them): same structure and values,
+    new Variables."""
     definition, pairs = _flatten(node)
-    return merge(definition, State.from_flat_path([(path, v.copy()) for path, v in pairs]))
+    copies = [(path, v.copy() if isinstance(v, Variable) else v) for path, v in pairs]
+    if copies and copies[0][0] == ():  # a Variable or a leaf
+        return copies[0][1]
+    return merge(definition, State.from_flat_path(copies))

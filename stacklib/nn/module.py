@@ -1,6 +1,7 @@
 """Modules: ordinary Python objects whose attributes hold Variables and other modules.
 
-Mirrors `flax.nnx.Module` (flax/nnx/module.py, flax 0.12.8).
+Mirrors `flax.nnx.Module` and `nnx.iter_graph` (flax/nnx/module.py, pytreelib.py and
+graphlib.py, flax 0.12.8).
 
 You write a module the way you write any class: build the weights in `__init__`, use
 them in `__call__`. There is no separate "init" pass and no parameter dictionary to
@@ -12,16 +13,30 @@ submodule, an `Rngs`), a list/tuple/dict of those, or a static Python value (a s
 dtype, a function). `graph.split` walks that graph to pull the state out as pytrees;
 `graph.merge` builds the object back. This file defines the node types and the walk.
 
+A module is also a JAX pytree, as in flax 0.12: its children are the attributes that
+hold state, its static attributes are the tree's auxiliary data. So `jax.tree.leaves(model)`
+lists its arrays and `jax.jit(lambda m, x: m(x))(model, x)` works. What JAX hands the
+function is a rebuilt copy, though: a mutation inside (a dropout counter that advances)
+stays inside. `split`/`merge`/`update` (graph.py) carry it out, and they handle a graph
+that shares a submodule, which a pytree cannot express.
+
 Differences from flax.nnx:
 - Lists, tuples and dicts of submodules are traversed automatically; flax 0.12 asks
   for `nnx.List` / `nnx.data` (both exist here as plain aliases, so that code runs).
+  So our `List` is a plain list, and `iter_graph` yields no `_length` entry for it.
 - A jax or NumPy array stored directly on a module (not in a Variable) is an error
   here, with the fix in the message; flax 0.12 keeps it as an anonymous state leaf.
-- No `sow`, `perturb`, `view` or `capture`; `set_attributes` has no `filters` argument.
+- Whether an attribute is pytree data or static is decided each time the module is
+  flattened (data = holds a Variable or a graph node), not recorded when it is first
+  assigned; there are no `nnx.static` / `nnx.data` annotations and no `_pytree__state`
+  or `_pytree__nodes` attributes (which flax's `iter_graph` also yields).
+- No `sow`, `perturb`, `view` or `capture`; `set_attributes` has no `filters` argument;
+  `iter_graph` has no `graph=False` (tree mode).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,15 +51,24 @@ PathParts = tuple[Any, ...]
 class Object:
     """A graph node: an object whose attributes `split` and `merge` traverse.
 
-    `Module`, `Rngs` and `RngStream` are Objects.
+    `Module`, `Rngs` and `RngStream` are Objects. Every subclass is registered as a JAX
+    pytree (see the module docstring); `class M(nnx.Module, pytree=False)` opts out, as
+    in flax.
     """
+
+    def __init_subclass__(cls, *, pytree: bool = True, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if pytree:
+            jax.tree_util.register_pytree_with_keys(
+                cls, _flatten_with_keys, functools.partial(_unflatten, cls)
+            )
 
 
 def is_graph_node(value: Any) -> bool:
     return isinstance(value, Object)
 
 
-def _is_array(value: Any) -> bool:
+def is_array(value: Any) -> bool:
     return isinstance(value, jax.Array | np.ndarray) and not isinstance(value, np.generic)
 
 
@@ -64,7 +88,7 @@ def check_attribute(owner: str, path: str, value: Any) -> None:
 
     `owner` names the module (e.g. "MLP") and `path` the attribute, e.g. "hidden/kernel".
     """
-    if _is_array(value):
+    if is_array(value):
         raise TypeError(
             f"{owner} attribute {path!r} holds an array of shape "
             f"{np.shape(value)} outside a Variable, so split() would treat it as a constant "
@@ -85,22 +109,100 @@ def container_items(container: list | tuple | dict) -> list[tuple[Any, Any]]:
     return list(enumerate(container))
 
 
+def _is_visited_once(value: Any) -> bool:
+    # What flax's iter_graph visits once, by identity: graph nodes, Variables, and JAX's
+    # built-in pytree containers (list, tuple, dict and None, an empty pytree; there is
+    # only one None, so only the first None attribute is yielded, as in flax).
+    return isinstance(value, Object | Variable | list | tuple | dict) or value is None
+
+
 def _iter_graph(value: Any, path: PathParts, seen: set[int]) -> Iterator[tuple[PathParts, Any]]:
-    if isinstance(value, Object):
+    if _is_visited_once(value):
         if id(value) in seen:
             return
         seen.add(id(value))
-        yield path, value
+    if isinstance(value, Object):
         for name, child in graph_attributes(value):
             yield from _iter_graph(child, (*path, name), seen)
-    elif isinstance(value, list | tuple | dict) and holds_state(value):
+    elif isinstance(value, list | tuple | dict):
         for key, item in container_items(value):
             yield from _iter_graph(item, (*path, key), seen)
+    yield path, value  # after its children: the root comes last
 
 
-def iter_graph(node: Object) -> Iterator[tuple[PathParts, Any]]:
-    """Every graph node reachable from `node`, once each, with its path, depth first."""
+def iter_graph(node: Any) -> Iterator[tuple[PathParts, Any]]:
+    """Every value in `node`'s graph with its path: nodes, Variables and static attributes.
+
+    Depth first, attributes in sorted order, each node *after* its children, so the root
+    comes last with path `()`. A node, Variable or container reached twice (shared) is
+    yielded once, at its first path; plain values (ints, strings, functions) every time.
+
+        for path, value in nnx.iter_graph(model):
+            if isinstance(value, nnx.Param): ...
+
+    Works on any value: a module, a Variable, a list or dict of them, or a leaf.
+    """
     yield from _iter_graph(node, (), set())
+
+
+class _StaticItem:
+    """A static value inside a container that holds state (`relu` in `[Linear, relu]`).
+
+    A pytree node with no children: the value rides in the tree's structure, as a
+    static attribute of flax's `nnx.List` does, instead of becoming a leaf.
+    """
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(
+    _StaticItem, lambda item: ((), item.value), lambda value, _: _StaticItem(value)
+)
+
+
+def _rebuild(container: list | tuple | dict, items: list) -> list | tuple | dict:
+    if isinstance(container, dict):
+        return type(container)(items)
+    values = [item for _, item in items]
+    if hasattr(container, "_fields"):  # a NamedTuple takes its fields positionally
+        return type(container)(*values)
+    return type(container)(values)
+
+
+def _wrap_static_items(value: Any) -> Any:
+    if isinstance(value, list | tuple | dict):
+        return _rebuild(value, [(key, _wrap_static_items(item)) for key, item in container_items(value)])
+    return value if holds_state(value) else _StaticItem(value)
+
+
+def _unwrap_static_items(value: Any) -> Any:
+    if isinstance(value, _StaticItem):
+        return value.value
+    if isinstance(value, list | tuple | dict):
+        return _rebuild(value, [(key, _unwrap_static_items(item)) for key, item in container_items(value)])
+    return value
+
+
+def _flatten_with_keys(node: Object):
+    children, data_names, static = [], [], []
+    for name, value in graph_attributes(node):
+        if holds_state(value):  # Variables, submodules, containers of them: pytree children
+            children.append((jax.tree_util.GetAttrKey(name), _wrap_static_items(value)))
+            data_names.append(name)
+        else:  # sizes, flags, functions: part of the tree's structure, so jit treats them as static
+            static.append((name, value))
+    return children, (tuple(data_names), tuple(static))
+
+
+def _unflatten(cls: type, aux: tuple, children) -> Object:
+    data_names, static = aux
+    node = object.__new__(cls)  # no __init__: the attributes are restored as they were
+    for name, value in zip(data_names, children, strict=True):
+        object.__setattr__(node, name, _unwrap_static_items(value))
+    for name, value in static:
+        object.__setattr__(node, name, value)
+    return node
 
 
 class Module(Object):
@@ -124,7 +226,7 @@ class Module(Object):
         super().__setattr__(name, value)
 
     def iter_modules(self) -> Iterator[tuple[PathParts, Module]]:
-        """Every module in this one's graph (itself first, with path `()`), depth first."""
+        """Every module in this one's graph, in `iter_graph`'s order (itself last, path `()`)."""
         for path, node in iter_graph(self):
             if isinstance(node, Module):
                 yield path, node

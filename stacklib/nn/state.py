@@ -11,14 +11,18 @@ Because `State` and every Variable type are pytree nodes, `jax.tree.map`, `jax.g
 `jax.jit` and an optimizer's `init`/`update` all see a tree of plain arrays whose paths
 are the attribute paths, e.g. `['hidden']['kernel'].value`.
 
+A State is a mutable mapping, as in flax: `state.b.d = nnx.Param(5)` adds a nested
+entry, `del state['b']['c']` removes one (nested States are live views, not copies).
+
 Differences from flax.nnx: no `FlatState` class (`flat_state()` returns a list of
 pairs), no `map_state`, `merge_state` or `split_state` functions (`State.merge` and
-`State.split`/`filter` methods do the same).
+`State.split`/`filter` methods do the same). Iteration is in sorted key order (the
+order of the flattened pytree); flax iterates in insertion order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
@@ -38,20 +42,28 @@ def path_str(path: PathParts) -> str:
     return "/".join(str(part) for part in path) or "<root>"
 
 
-class State(Mapping):
+class State(MutableMapping):
     """A nested mapping from attribute names to Variables (or nested States)."""
 
-    def __init__(self, mapping: Mapping | None = None):
-        self._mapping: dict[Any, Any] = {}
-        for key, value in (mapping or {}).items():
-            self._mapping[key] = State(value) if isinstance(value, Mapping) else value
+    _mapping: dict[Any, Any]
 
-    # -- Mapping -------------------------------------------------------------------------
+    def __init__(self, mapping: Mapping | None = None):
+        object.__setattr__(self, "_mapping", {})
+        for key, value in (mapping or {}).items():
+            self[key] = value
+
+    # -- MutableMapping ------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Any:
         return self._mapping[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._mapping[key] = State(value) if isinstance(value, Mapping) else value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._mapping[key]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value  # `state.b.d = Param(5)`, as in flax
 
     def __iter__(self) -> Iterator[Any]:
         return iter(sorted(self._mapping, key=_sort_key))
@@ -143,7 +155,7 @@ def _flatten_with_keys(state: State):
 
 def _unflatten(keys: tuple, children) -> State:
     state = object.__new__(State)
-    state._mapping = dict(zip(keys, children, strict=True))
+    object.__setattr__(state, "_mapping", dict(zip(keys, children, strict=True)))
     return state
 
 

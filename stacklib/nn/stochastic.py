@@ -31,7 +31,8 @@ class Dropout(Module):
 
     Args:
       rate: probability of dropping each element (not the keep rate).
-      broadcast_dims: axes along which the same mask is shared (e.g. the time axis).
+      broadcast_dims: axes along which the same mask is shared (e.g. the time axis);
+        negative axes count from the end.
       deterministic: if True, return inputs unchanged; can be overridden per call.
       rng_collection: the stream to fork the layer's stream from.
       rngs: an `Rngs` or `RngStream`; None means pass `rngs=` on every call instead.
@@ -97,7 +98,9 @@ class Dropout(Module):
                 "Dropout(rate, rngs=rngs) or call it with rngs=..."
             )
         keep_prob = 1.0 - self.rate
-        mask_shape = [1 if axis in self.broadcast_dims else n for axis, n in enumerate(inputs.shape)]
+        mask_shape = list(inputs.shape)
+        for axis in self.broadcast_dims:  # indexing, so -1 means the last axis, as in flax
+            mask_shape[axis] = 1
         mask = jax.random.bernoulli(key, p=keep_prob, shape=mask_shape)
         mask = jnp.broadcast_to(mask, inputs.shape)
         return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
