@@ -314,6 +314,16 @@ def test_a_function_that_returns_none_is_told_to_return():
     assert "NoneType" not in result.cases[0].message
 
 
+def test_a_failure_that_names_none_asks_about_return_too():
+    def forgets_return(x):
+        x * x
+
+    message = grade("98.square", forgets_return).cases[0].message
+    assert message.startswith("at the top: expected leaf, got None; your function "
+                              "returned None: did you forget `return`? Hint: x * x")
+    assert "forget `return`" not in grade("98.square", lambda x: x + x).cases[0].message
+
+
 def test_a_result_the_grader_cannot_use_is_named_as_such():
     result = grade("97.rows", lambda matrix: 3)
     assert result.cases[0].message.startswith(

@@ -483,10 +483,13 @@ def _with_hint(message: str, case: Case) -> str:
     return f"{message}{'' if message.endswith(('.', '?', '!')) else '.'}{hint}"
 
 
+_RETURNED_NONE = "your function returned None: did you forget `return`?"
+
+
 def _grader_could_not_use(error: BaseException, answer: Any, calls: _Calls, case: Case) -> str:
     """The message for the case's own code failing on what the answer gave it."""
     if calls.returned_none:
-        return _with_hint("your function returned None: did you forget `return`?", case)
+        return _with_hint(_RETURNED_NONE, case)
     described = f"{type(error).__name__}: {error}"
     if calls.last_result_type:
         return _with_hint(
@@ -501,7 +504,10 @@ def _grader_could_not_use(error: BaseException, answer: Any, calls: _Calls, case
 def _diagnose(error: BaseException, case: Case, answer: Any, calls: _Calls) -> tuple[str, str]:
     """The status and message of a case that raised `error`."""
     if isinstance(error, CaseFailure):
-        return FAILED, _with_hint(str(error), case)
+        message = str(error)
+        if calls.returned_none and "None" in message:
+            message += f"; {_RETURNED_NONE}"
+        return FAILED, _with_hint(message, case)
     if isinstance(error, CaseTimeout):
         return TIMED_OUT, (
             f"stopped at the {case.time_limit_s:g} s time limit: look for a loop that never "
