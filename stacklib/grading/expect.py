@@ -205,6 +205,24 @@ def _same_value(a: Any, b: Any) -> bool:
     return True
 
 
+def _copy_for_learner(value: Any) -> Any:
+    """A deep copy of `value`, except for parts that cannot be copied, which are shared.
+
+    Some inputs hold objects that refuse `deepcopy` (a JAX `Device` inside a sharding, a
+    lock); those are immutable or not the learner's to change, so sharing them is safe.
+    """
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        if isinstance(value, dict):
+            return type(value)((key, _copy_for_learner(child)) for key, child in value.items())
+        if _is_namedtuple(value):
+            return type(value)(*(_copy_for_learner(child) for child in value))
+        if isinstance(value, list | tuple):
+            return type(value)(_copy_for_learner(child) for child in value)
+        return value
+
+
 def call_on_copies(function: Callable, *args: Any, what: str = "your function", **kwargs: Any) -> Any:
     """Call the learner's `function` on deep copies of its arguments, and return its result.
 
@@ -216,7 +234,7 @@ def call_on_copies(function: Callable, *args: Any, what: str = "your function", 
     Raises:
       CaseFailure: the function changed one of its arguments in place.
     """
-    given_args, given_kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
+    given_args, given_kwargs = _copy_for_learner(args), _copy_for_learner(kwargs)
     result = function(*given_args, **given_kwargs)
     changed = [f"argument {i + 1}" for i, (original, given) in enumerate(zip(args, given_args, strict=True))
                if not _same_value(given, original)]
