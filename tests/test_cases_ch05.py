@@ -249,6 +249,18 @@ def numpy_for_shape_dtype_structs(target, saved):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def places_on_the_shardings_device(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restore_into(target, saved)  # the checks
+    leaves = []
+    for path, leaf in leaves_with_paths:
+        array = np.asarray(saved[jax.tree_util.keystr(path)]).astype(leaf.dtype)
+        if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):  # fails for a sharding of None
+            array = jax.device_put(array, next(iter(leaf.sharding.device_set)))
+        leaves.append(array)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
 def no_cast(target, saved):
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
     restore_into(target, saved)  # the checks
@@ -284,6 +296,7 @@ WRONG = [
     ("05.restore_into", unchecked_restore, 1, "no casting, placing or checking"),
     ("05.restore_into", first_problem_only, 3, "names only the first problem"),
     ("05.restore_into", numpy_for_shape_dtype_structs, 4, "a ShapeDtypeStruct target becomes a NumPy array"),
+    ("05.restore_into", places_on_the_shardings_device, 4, "cannot place a target whose sharding is None"),
     ("05.restore_into", no_cast, 3, "does not cast, nor place a ShapeDtypeStruct"),
     ("05.restore_into", pops_what_it_restores, 3, "empties the caller's dict"),
 ]

@@ -311,15 +311,22 @@ def casts_to_the_target_dtype_and_keeps_numpy_leaves(restore):
 
 
 @restore_into.case(hint="For a jax.ShapeDtypeStruct (or jax array) target, "
-                        "jax.device_put(array, target.sharding).")
+                        "jax.device_put(array, target.sharding); a sharding of None means the default "
+                        "device, which jax.device_put(array, None) gives.")
 def shape_dtype_struct_targets_become_arrays_with_the_targets_sharding(restore):
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32, sharding=sharding)}
+    target = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32, sharding=sharding),
+              "step": jax.ShapeDtypeStruct((), jnp.int32)}  # no sharding: the default device
     # Called directly: a sharding holds devices, which cannot be deep-copied; nothing expected
     # here is computed from the inputs.
-    got = restore(target, {"['w']": np.arange(6, dtype=np.float32).reshape(2, 3)})
-    expect(isinstance(got["w"], jax.Array), f"expected a jax.Array, got {type(got['w']).__name__}")
-    expect(got["w"].sharding == sharding, f"expected sharding {sharding}, got {got['w'].sharding}")
+    got = restore(target, {"['w']": np.arange(6, dtype=np.float32).reshape(2, 3), "['step']": np.int64(7)})
+    for key in ("w", "step"):
+        expect(isinstance(got[key], jax.Array),
+               f"['{key}']: expected a jax.Array, got {type(got[key]).__name__}")
+    expect(got["w"].sharding == sharding, f"['w']: expected sharding {sharding}, got {got['w'].sharding}")
+    expect(got["step"].devices() == {jax.devices()[0]} and got["step"].dtype == jnp.int32,
+           f"['step'] (sharding None): expected an int32 array on {jax.devices()[0]}, got "
+           f"{got['step'].dtype} on {got['step'].devices()}")
 
 
 @restore_into.case(points=2, hint="Collect every problem first (missing paths, extra paths, shapes with both "
