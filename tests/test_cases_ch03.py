@@ -1,13 +1,16 @@
 """Chapter 03's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import json
+import re
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import ROOT
 
 import stacklib.optim as optax
-from stacklib.grading import grade
+from stacklib.grading import get_exercise, grade
 
 
 def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8):
@@ -201,18 +204,111 @@ def accumulate_without_reset(inner, k):
     return optax.GradientTransformation(accumulate_gradients(inner, k).init, update)
 
 
+def adam_with_scalar_zero_moments(b1=0.9, b2=0.999, eps=1e-8):
+    def init(params):  # jnp.zeros(()) where zeros_like was meant: broadcasting hides it in update
+        zeros = jax.tree.map(lambda p: jnp.zeros(()), params)
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+
+    return optax.GradientTransformation(init, scale_by_adam(b1, b2, eps).update)
+
+
+def adam_storing_corrected_moments(b1=0.9, b2=0.999, eps=1e-8):
+    def update(updates, state, params=None):
+        count = state.count + 1
+        mu = jax.tree.map(lambda g, m: ((1 - b1) * g + b1 * m) / (1 - b1**count), updates, state.mu)
+        nu = jax.tree.map(lambda g, v: ((1 - b2) * g**2 + b2 * v) / (1 - b2**count), updates, state.nu)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)  # the corrected moments
+
+    return optax.GradientTransformation(scale_by_adam().init, update)
+
+
+def adam_with_a_python_count(b1=0.9, b2=0.999, eps=1e-8):
+    right = scale_by_adam(b1, b2, eps)
+
+    def update(updates, state, params=None):
+        count = int(state.count) + 1  # a value a traced count does not have
+        return right.update(updates, state._replace(count=jnp.asarray(count - 1, jnp.int32)), params)
+
+    return optax.GradientTransformation(right.init, update)
+
+
+def warmup_from_zero(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    return warmup_cosine(0.0, peak_value, warmup_steps, decay_steps, end_value)  # ignores init_value
+
+
+def warmup_cosine_without_the_floor(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    def schedule(step):
+        warm = init_value + (peak_value - init_value) * step / warmup_steps
+        t = step - warmup_steps  # not clipped: past decay_steps the cosine comes back up
+        alpha = end_value / peak_value
+        cosine = 0.5 * (1 + jnp.cos(jnp.pi * t / (decay_steps - warmup_steps)))
+        return jnp.where(step < warmup_steps, warm, peak_value * ((1 - alpha) * cosine + alpha))
+
+    return schedule
+
+
+def clip_by_the_squared_norm(max_norm):
+    def update(updates, state, params=None):
+        squared = sum(jnp.sum(leaf**2) for leaf in jax.tree.leaves(updates))  # no square root
+        factor = jnp.where(squared < max_norm, 1.0, max_norm / squared)
+        return jax.tree.map(lambda g: g * factor, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def clip_into_the_callers_dict(max_norm):
+    def update(updates, state, params=None):
+        norm = global_norm(updates)
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        for key in updates:  # right numbers, written into the caller's gradients
+            updates[key] = updates[key] * factor
+        return updates, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def accumulate_stepping_inner_every_call(inner, k):
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+        emit = state.mini_step == k - 1
+        new_state = AccumulateState(
+            mini_step=jnp.where(emit, 0, state.mini_step + 1),
+            mean=jax.tree.map(lambda m: jnp.where(emit, jnp.zeros_like(m), m), mean),
+            inner_state=inner_state,  # momentum advances on every mini-batch
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(accumulate_gradients(inner, k).init, update)
+
+
+def accumulate_one_call_late(inner, k):
+    right = accumulate_gradients(inner, k + 1)  # steps on call k + 1: off by one
+    return optax.GradientTransformation(right.init, right.update)
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("03.scale_by_adam", adam_without_bias_correction, 2, "no bias correction"),
     ("03.scale_by_adam", adam_eps_inside_the_root, 3, "eps inside the square root"),
     ("03.scale_by_adam", adam_count_not_stored, 2, "keeps the old count in the state"),
+    ("03.scale_by_adam", adam_with_scalar_zero_moments, 4, "zeros of shape () instead of zeros like params"),
+    ("03.scale_by_adam", adam_storing_corrected_moments, 3, "stores the bias-corrected moments"),
+    ("03.scale_by_adam", adam_with_a_python_count, 4, "int() of the traced count"),
     ("03.warmup_cosine", warmup_cosine_too_long, 0, "cosine over decay_steps instead of decay - warmup"),
     ("03.warmup_cosine", warmup_cosine_python_if, 3, "a Python if on the step"),
+    ("03.warmup_cosine", warmup_from_zero, 2, "warms up from 0, not init_value"),
+    ("03.warmup_cosine", warmup_cosine_without_the_floor, 0, "does not stay at end_value"),
     ("03.clip_by_global_norm", clip_each_leaf, 1, "clips each leaf separately"),
     ("03.clip_by_global_norm", always_rescale, 2, "rescales short updates too"),
+    ("03.clip_by_global_norm", clip_by_the_squared_norm, 1, "the squared norm, not the norm"),
+    ("03.clip_by_global_norm", clip_into_the_callers_dict, 2, "writes into the caller's gradients"),
     ("03.accumulate", accumulate_sum, 1, "sums instead of averaging"),
     ("03.accumulate", accumulate_python_if, 4, "a Python if on the traced counter"),
     ("03.accumulate", accumulate_without_reset, 3, "never resets the running mean"),
+    ("03.accumulate", accumulate_stepping_inner_every_call, 4, "advances the inner state on every call"),
+    ("03.accumulate", accumulate_one_call_late, 0, "steps one call late"),
 ]
 
 
@@ -221,3 +317,29 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+def test_an_update_that_writes_into_the_callers_gradients_is_told_so():
+    result = grade("03.clip_by_global_norm", clip_into_the_callers_dict)
+    failures = [c.message for c in result.cases if c.points < c.max_points]
+    assert failures and all("changed its input in place" in message for message in failures), failures
+
+
+def solution_points(slug: str) -> dict[str, int]:
+    """{exercise id: points} as the solution notebook states them: each "(N points)" heading
+    is paired with the next check("NN.name", ...) cell."""
+    notebook = json.loads((ROOT / "solutions" / f"{slug}.ipynb").read_text())
+    stated, points = {}, None
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("([^"]+)"', source)):
+            stated[call.group(1)] = points
+    return stated
+
+
+def test_the_solution_notebook_states_each_exercise_s_points():
+    assert solution_points("03_optimizers") == {
+        exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
