@@ -149,9 +149,7 @@ def test_a_hanging_answer_is_stopped_at_the_time_limit():
             except Exception:  # a learner's broad except must not swallow the stop
                 pass
 
-    start = time.monotonic()
     result = grade("98.square", hangs)
-    assert time.monotonic() - start < 5
     assert statuses(result) == [PASSED, TIMED_OUT]
     assert (result.points, result.cases[1].points) == (2, 0)
     assert "1 s time limit" in result.cases[1].message
@@ -168,7 +166,8 @@ def test_a_hanging_answer_is_stopped_outside_the_main_thread_too():
     box = {}
     thread = threading.Thread(target=lambda: box.update(result=grade("98.square", hangs_on_arrays)))
     thread.start()
-    thread.join(10)
+    thread.join(60)  # generous under load; the 1 s limit, not this join, is what stops the case
+    assert not thread.is_alive()
     assert statuses(box["result"])[1] == TIMED_OUT
 
 
@@ -228,13 +227,15 @@ for _ in range(4):
 
 
 def test_after_a_timeout_the_exercise_skips_its_other_cases():
+    calls = []
+
     def hangs(x):
+        calls.append(x)
         while True:
             time.sleep(0.01)
 
-    start = time.monotonic()
     result = grade("97.slow", hangs)
-    assert time.monotonic() - start < 1.5  # one time limit, not four
+    assert len(calls) == 1  # one time limit paid, not four: the other cases never call it
     assert statuses(result) == [TIMED_OUT, SKIPPED, SKIPPED, SKIPPED]
     assert result.points == 0 and result.max_points == 4
     assert "skipped: an earlier case timed out; fix the hang first" in result.cases[1].message
