@@ -253,6 +253,13 @@ def test_a_planted_wrong_answer_is_told_the_cause(exercise_id, answer, present, 
         assert not any(words in message for words in absent), message
 
 
+def test_the_chapter_does_not_print_the_rules_the_exercises_ask_for():
+    chapter = (ROOT / "chapters" / "01_transforms.md").read_text()
+    shown = " ".join(re.findall(r"^show\((.*?)\)$", chapter, flags=re.M | re.S))
+    for answer in ["forward._tanh_jvp", "reverse._reduce_sum_transpose", "batching._reduce_batcher"]:
+        assert answer not in shown, f"chapter 01 shows {answer}, the answer to an exercise"
+
+
 def solution_points(slug: str) -> dict[str, int]:
     """{exercise id: points} as the solution notebook states them: each "(N points)" heading
     is paired with the next check("NN.name", ...) cell."""
