@@ -48,7 +48,8 @@ def _why_no_value(context: str, transform: str) -> str:
     if transform == "vmap":
         return (
             f"The error occurred while batching {context} with vmap. Inside vmap a traced array "
-            "holds a whole batch of values at once, so there is no single value to branch on."
+            "holds a whole batch of values at once, so it has no single concrete value to branch "
+            "on or to hand to NumPy."
         )
     return (
         f"The error occurred while tracing {context} for {transform}. A traced array there is an "
