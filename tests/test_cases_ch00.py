@@ -1,15 +1,12 @@
 """Chapter 00's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
-import json
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
 
-from stacklib.grading import get_exercise, grade
+from stacklib.grading import grade
 
 
 def count_params(tree):
@@ -140,22 +137,3 @@ def test_a_planted_wrong_answer_is_told_the_cause(exercise_id, answer, words):
     first_failure = next(c for c in result.cases if c.points < c.max_points)
     assert words in first_failure.message, first_failure.message
 
-
-def solution_points(slug: str) -> dict[str, int]:
-    """{exercise id: points} as the solution notebook states them: each "(N points)" heading
-    is paired with the next check("NN.name", ...) cell."""
-    notebook = json.loads((ROOT / "solutions" / f"{slug}.ipynb").read_text())
-    stated, points = {}, None
-    for cell in notebook["cells"]:
-        source = "".join(cell["source"])
-        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
-        if cell["cell_type"] == "markdown" and heading:
-            points = int(heading.group(1))
-        elif cell["cell_type"] == "code" and (call := re.search(r'check\("([^"]+)"', source)):
-            stated[call.group(1)] = points
-    return stated
-
-
-def test_the_solution_notebook_states_each_exercise_s_points():
-    assert solution_points("00_how_to_use") == {
-        exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}

@@ -14,6 +14,7 @@ from stacklib.grading.strip import stale_exercises
 
 ALL_NOTEBOOKS = [path for folder in NOTEBOOK_DIRS for path in notebooks(folder)]
 IDS = [str(path.relative_to(ROOT)) for path in ALL_NOTEBOOKS]
+CHECK_CALL = r"""check\(\s*["'](\d\d\.\w+)["']"""  # check("NN.name", answer)
 
 
 def read(path):
@@ -80,10 +81,23 @@ def test_each_solution_belongs_to_a_chapter():
 @pytest.mark.parametrize("path", notebooks("solutions"), ids=lambda p: p.name)
 def test_solutions_check_every_exercise_of_their_chapter_exactly_once(path):
     sources = "\n".join(c.source for c in read(path).cells if c.cell_type == "code")
-    checked = re.findall(r"""check\(\s*["'](\d\d\.\w+)["']""", sources)
+    checked = re.findall(CHECK_CALL, sources)
     registered = [ex.exercise_id for ex in exercises_of_chapter(path.name[:2])]
     assert sorted(checked) == registered
     assert len(registered) >= 3, "each chapter has at least three graded exercises"
+
+
+@pytest.mark.parametrize("path", notebooks("solutions"), ids=lambda p: p.name)
+def test_each_exercise_heading_states_the_points_its_cases_give(path):
+    """An "## Exercise ... (N points)" heading is paired with the next check("NN.name", ...) cell."""
+    stated, points = {}, None
+    for cell in read(path).cells:
+        heading = re.search(r"^## Exercise .*\((\d+) points?\)", cell.source, re.MULTILINE)
+        if cell.cell_type == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell.cell_type == "code" and (call := re.search(CHECK_CALL, cell.source)):
+            stated[call.group(1)] = points
+    assert stated == {ex.exercise_id: ex.max_points for ex in exercises_of_chapter(path.name[:2])}
 
 
 def _toc_files():
