@@ -135,6 +135,18 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
         "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
     },
+    # Chapter 09: the Pallas kernels' demo sizes. On CPU they run in the interpreter (a
+    # grid step costs milliseconds), so grids stay small; on a TPU they compile natively.
+    "pallas_matmul": {
+        "cpu": {"m": 200, "n": 136, "k": 264, "block": 64},
+        "gpu": {"m": 200, "n": 136, "k": 264, "block": 64},
+        "tpu": {"m": 4096, "n": 4096, "k": 4096, "block": 512},
+    },
+    "pallas_attention": {
+        "cpu": {"batch": 1, "seq": 200, "heads": 4, "kv_heads": 2, "head_dim": 32, "block": 64},
+        "gpu": {"batch": 1, "seq": 200, "heads": 4, "kv_heads": 2, "head_dim": 32, "block": 64},
+        "tpu": {"batch": 4, "seq": 4096, "heads": 16, "kv_heads": 4, "head_dim": 128, "block": 512},
+    },
 }
 
 
