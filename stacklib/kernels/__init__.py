@@ -17,8 +17,27 @@ reference it is tested against:
 
 Mirrors `jax.experimental.pallas` and its reference kernels in
 `jax.experimental.pallas.ops.tpu`; each file's docstring lists its differences.
+
+Chapter 10 puts kernels behind tokamax's API (`import stacklib.kernels as tokamax`):
+
+* `dot_product_attention`, `layer_norm`, `gated_linear_unit` — one function per op, an
+  `implementation=` name, sequence or None, checked arguments (`api.py`);
+* `ATTENTION`, `LAYER_NORM`, `GATED_LINEAR_UNIT` — registries declaring what each
+  implementation supports, and the fallback order (`registry.py`); 'xla' (`xla_attention.py`),
+  'xla_chunked' (`xla_chunked.py`, memory linear in the sequence), 'pallas' (flash attention);
+* `autotune`, `autotuning_cache_miss_fallback` — block sizes timed once and cached on disk
+  (`autotuning.py`).
 """
 
+from stacklib.kernels.api import (
+    ATTENTION,
+    GATED_LINEAR_UNIT,
+    LAYER_NORM,
+    dot_product_attention,
+    gated_linear_unit,
+    layer_norm,
+)
+from stacklib.kernels.autotuning import autotune, autotuning_cache_miss_fallback
 from stacklib.kernels.backend import KernelCall, record_calls, resolve_interpret
 from stacklib.kernels.blocks import (
     KernelCost,
@@ -33,9 +52,21 @@ from stacklib.kernels.elementwise import elementwise
 from stacklib.kernels.flash_attention import flash_attention, reference_attention
 from stacklib.kernels.matmul import matmul, matmul_reference
 from stacklib.kernels.norms import rms_norm, rms_norm_reference
+from stacklib.kernels.registry import NoImplementationError
 from stacklib.kernels.softmax import softmax, softmax_reference
+from stacklib.kernels.xla_chunked import AttentionConfig
 
 __all__ = [
+    "ATTENTION",
+    "AttentionConfig",
+    "GATED_LINEAR_UNIT",
+    "LAYER_NORM",
+    "NoImplementationError",
+    "autotune",
+    "autotuning_cache_miss_fallback",
+    "dot_product_attention",
+    "gated_linear_unit",
+    "layer_norm",
     "KernelCall",
     "KernelCost",
     "block_bytes",
