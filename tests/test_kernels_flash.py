@@ -33,8 +33,7 @@ def _loss(attention, **kwargs):
 
 
 CASES = [  # (B, T, S, N, K, H, is_causal, lengths, block_q, block_k)
-    pytest.param(1, 40, 40, 2, 2, 16, True, None, 16, 8, id="causal-ragged"),  # 40 divides no block
-    pytest.param(2, 24, 40, 4, 2, 8, True, None, 8, 16, id="gqa-causal-T<S"),
+    pytest.param(2, 20, 40, 4, 2, 8, True, None, 8, 16, id="gqa-causal-ragged-T<S"),  # 20 % 8, 40 % 16 != 0
     pytest.param(2, 24, 24, 4, 1, 8, False, (0, 13), 16, 8, id="mqa-lengths-empty-row"),
 ]
 
@@ -60,20 +59,13 @@ def test_forward_and_gradients_match_f32_highest_reference(B, T, S, N, K, H, is_
     for name, got, want in zip("qkv", grads, expected_grads, strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=GRAD_ATOL, err_msg=f"d{name}")
         assert bool(jnp.all(jnp.isfinite(got)))
-    np.testing.assert_array_equal(out, kernel(q, k, v))  # bitwise repeatable
+    np.testing.assert_array_equal(out, kernel(q, k, v))  # bitwise repeatable, forward ...
+    for again, first in zip(vjp(cotangent), grads, strict=True):  # ... and backward
+        np.testing.assert_array_equal(again, first)
     if lengths is not None and 0 in lengths:  # a batch row that sees no key: output 0, no gradient
         row = lengths.index(0)
         assert jnp.all(out[row] == 0.0)
         assert all(bool(jnp.all(g[row] == 0.0)) for g in grads)
-
-
-def test_repeat_calls_are_bitwise_equal():
-    q, k, v = _inputs(1, 24, 24, 2, 1, 8, seed=2)
-    loss = _loss(flash_attention, is_causal=True, block_q=8, block_k=8)
-    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-    first, second = fn(q, k, v), fn(q, k, v)
-    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_bfloat16_inputs_accumulate_in_float32():
