@@ -310,6 +310,6 @@ def test_chunked_temporary_memory_grows_linearly_where_plain_attention_grows_qua
     chunked = {T: _temp_bytes("xla_chunked", T) for T in (2048, 4096)}
     assert plain[4096] >= 3.9 * plain[2048]  # the [N, T, T] logits
     assert chunked[4096] <= 2.0 * chunked[2048]  # at most linear: no [T, T] array anywhere
-    assert chunked[4096] * 20 < plain[4096]
+    assert chunked[4096] * 10 < plain[4096]
     gradient = {T: _temp_bytes("xla_chunked", T, gradient=True) for T in (2048, 4096)}
     assert gradient[4096] <= 2.0 * gradient[2048]  # the backward pass recomputes tiles, stores none

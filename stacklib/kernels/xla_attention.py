@@ -87,9 +87,14 @@ def allowed(q_index: jax.Array, k_index: jax.Array, mask_block: jax.Array | None
 
 
 def logits_of(q: jax.Array, k: jax.Array, bias: jax.Array | None, *, scale: float,
-              logits_soft_cap: float | None) -> jax.Array:
-    """scale · q·k + bias, soft-capped, in float32: q [B, t, K, G, H], k [B, s, K, H] -> [B, K, G, t, s]."""
-    logits = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+              logits_soft_cap: float | None, heads_first: bool = False) -> jax.Array:
+    """scale · q·k + bias, soft-capped, in float32, as [B, K, G, t, s].
+
+    q is [B, t, K, G, H] and k [B, s, K, H], or with `heads_first` [B, K, G, t, H] and [B, K, s, H]
+    (the layout in which the product comes out as [.., t, s] with no transpose).
+    """
+    spec = "bkgth,bksh->bkgts" if heads_first else "btkgh,bskh->bkgts"
+    logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
     logits = logits * scale
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)

@@ -93,9 +93,10 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
     nq, nk = -(-T // bq), -(-S // bk)
     Tp, Sp = nq * bq, nk * bk
 
-    q = _pad_axis(query.reshape(B, T, K, G, H), 1, Tp)  # query head n = k·G + g
-    k = _pad_axis(key.reshape(B, S, K, H), 1, Sp)
-    v = _pad_axis(value.reshape(B, S, K, h), 1, Sp).astype(jnp.float32)
+    # Heads first, so that each tile's products come out as [.., rows, columns] with no transpose.
+    q = _pad_axis(query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, K, G, Tp, H]
+    k = _pad_axis(key.reshape(B, S, K, H).transpose(0, 2, 1, 3), 2, Sp)  # [B, K, Sp, H]
+    v = _pad_axis(value.reshape(B, S, K, h).transpose(0, 2, 1, 3), 2, Sp).astype(jnp.float32)
     bias = _pad_axis(_pad_axis(grouped(bias, tuple(batch), K), 3, Tp), 4, Sp)
     mask = _pad_axis(_pad_axis(grouped(mask, tuple(batch), K), 3, Tp, True), 4, Sp, True)
     masked = dict(is_causal=is_causal, query_seq_lengths=query_seq_lengths,
@@ -106,12 +107,12 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
         q_index = q_start + jnp.arange(bq)
 
         def key_block(j, carry):
-            m, denom, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, bq, K, G, h]
+            m, denom, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, h]
             k_start = j * bk
             k_index = k_start + jnp.arange(bk)
             bias_tile = _block(_block(bias, q_start, bq, 3), k_start, bk, 4)
-            s = logits_of(q_block, _block(k, k_start, bk, 1), bias_tile, scale=scale,
-                          logits_soft_cap=logits_soft_cap)  # [B, K, G, bq, bk]
+            s = logits_of(q_block, _block(k, k_start, bk, 2), bias_tile, scale=scale,
+                          logits_soft_cap=logits_soft_cap, heads_first=True)  # [B, K, G, bq, bk]
             ok = allowed(q_index, k_index, _block(_block(mask, q_start, bq, 3), k_start, bk, 4), **masked)
             if ok is not None:
                 s = jnp.where(ok, s, mask_value())
@@ -121,18 +122,17 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
             p = jnp.exp(s - m_new[..., None])
             alpha = jnp.exp(m - m_new)
             denom = alpha * denom + p.sum(axis=-1)
-            acc = acc * jnp.moveaxis(alpha, -1, 1)[..., None] + jnp.einsum(
-                "bkgts,bskh->btkgh", p, _block(v, k_start, bk, 1))
+            acc = acc * alpha[..., None] + jnp.einsum("bkgts,bksh->bkgth", p, _block(v, k_start, bk, 2))
             return m_new, denom, acc
 
-        init = (jnp.full((B, K, G, bq), mask_value()), jnp.zeros((B, K, G, bq)), jnp.zeros((B, bq, K, G, h)))
+        init = (jnp.full((B, K, G, bq), mask_value()), jnp.zeros((B, K, G, bq)), jnp.zeros((B, K, G, bq, h)))
         _, denom, acc = jax.lax.fori_loop(0, nk, key_block, init)
-        return acc / jnp.moveaxis(denom, -1, 1)[..., None]
+        return acc / denom[..., None]
 
     def step(_, i):
         q_start = i * bq
-        return None, query_block(jax.lax.dynamic_slice_in_dim(q, q_start, bq, 1), q_start, k, v, bias, mask)
+        return None, query_block(jax.lax.dynamic_slice_in_dim(q, q_start, bq, 3), q_start, k, v, bias, mask)
 
-    _, out = jax.lax.scan(step, None, jnp.arange(nq))  # [nq, B, bq, K, G, h]
-    out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, h)[:, :T]
+    _, out = jax.lax.scan(step, None, jnp.arange(nq))  # [nq, B, K, G, bq, h]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, h)[:, :T]  # -> [B, nq, bq, K, G, h]
     return out.astype(query.dtype).reshape(*batch, T, N, h)
