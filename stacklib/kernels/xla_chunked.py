@@ -14,8 +14,9 @@ denominator `l` and a running weighted sum `acc` — the *online softmax*:
     acc    = alpha · acc + p @ v_block
     out    = acc / l                                            after the last key block
 
-Only one [block_q, block_k] tile of logits exists at a time, so the temporary memory is
-O(T·N·h) for the output plus O(block_q·block_k) for the tile, instead of O(N·T·S).
+Only one [block_q, block_k] tile of logits exists at a time, so the forward pass needs
+O(block_q·block_k) temporary memory per head instead of O(T·S); the loops read the inputs
+where they lie and write each query block straight into the output.
 
 Sequences that the blocks do not divide are padded; padded keys get zero weight and
 padded query rows are dropped. Masks are computed per tile from the indices (causal,
@@ -93,10 +94,9 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
     nq, nk = -(-T // bq), -(-S // bk)
     Tp, Sp = nq * bq, nk * bk
 
-    # Heads first, so that each tile's products come out as [.., rows, columns] with no transpose.
-    q = _pad_axis(query.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B, K, G, Tp, H]
-    k = _pad_axis(key.reshape(B, S, K, H).transpose(0, 2, 1, 3), 2, Sp)  # [B, K, Sp, H]
-    v = _pad_axis(value.reshape(B, S, K, h).transpose(0, 2, 1, 3), 2, Sp).astype(jnp.float32)
+    q = _pad_axis(query.reshape(B, T, N, H), 1, Tp)
+    k = _pad_axis(key.reshape(B, S, K, H), 1, Sp)
+    v = _pad_axis(value.reshape(B, S, K, h), 1, Sp)
     bias = _pad_axis(_pad_axis(grouped(bias, tuple(batch), K), 3, Tp), 4, Sp)
     mask = _pad_axis(_pad_axis(grouped(mask, tuple(batch), K), 3, Tp, True), 4, Sp, True)
     masked = dict(is_causal=is_causal, query_seq_lengths=query_seq_lengths,
@@ -107,11 +107,13 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
         q_index = q_start + jnp.arange(bq)
 
         def key_block(j, carry):
-            m, denom, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, h]
+            m, denom, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, h]: heads first, so
+            # that each tile's products come out of the dot as [.., rows, keys] with no transpose
             k_start = j * bk
             k_index = k_start + jnp.arange(bk)
             bias_tile = _block(_block(bias, q_start, bq, 3), k_start, bk, 4)
-            s = logits_of(q_block, _block(k, k_start, bk, 2), bias_tile, scale=scale,
+            k_tile = _block(k, k_start, bk, 1).transpose(0, 2, 1, 3)  # [B, K, bk, H]
+            s = logits_of(q_block, k_tile, bias_tile, scale=scale,
                           logits_soft_cap=logits_soft_cap, heads_first=True)  # [B, K, G, bq, bk]
             ok = allowed(q_index, k_index, _block(_block(mask, q_start, bq, 3), k_start, bk, 4), **masked)
             if ok is not None:
@@ -122,17 +124,21 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
             p = jnp.exp(s - m_new[..., None])
             alpha = jnp.exp(m - m_new)
             denom = alpha * denom + p.sum(axis=-1)
-            acc = acc * alpha[..., None] + jnp.einsum("bkgts,bksh->bkgth", p, _block(v, k_start, bk, 2))
+            v_tile = _block(v, k_start, bk, 1).transpose(0, 2, 1, 3).astype(jnp.float32)  # [B, K, bk, h]
+            acc = acc * alpha[..., None] + jnp.einsum("bkgts,bksh->bkgth", p, v_tile)
             return m_new, denom, acc
 
         init = (jnp.full((B, K, G, bq), mask_value()), jnp.zeros((B, K, G, bq)), jnp.zeros((B, K, G, bq, h)))
         _, denom, acc = jax.lax.fori_loop(0, nk, key_block, init)
-        return acc / denom[..., None]
+        return (acc / denom[..., None]).transpose(0, 3, 1, 2, 4)  # [B, bq, K, G, h]
 
-    def step(_, i):
-        q_start = i * bq
-        return None, query_block(jax.lax.dynamic_slice_in_dim(q, q_start, bq, 3), q_start, k, v, bias, mask)
+    def step(q_start, _):
+        q_block = jax.lax.dynamic_slice_in_dim(q, q_start, bq, 1).reshape(B, bq, K, G, H)  # head n = k·G + g
+        q_block = q_block.transpose(0, 2, 3, 1, 4)  # [B, K, G, bq, H]
+        return q_start + bq, query_block(q_block, q_start, k, v, bias, mask)
 
-    _, out = jax.lax.scan(step, None, jnp.arange(nq))  # [nq, B, K, G, bq, h]
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, h)[:, :T]  # -> [B, nq, bq, K, G, h]
+    _, out = jax.lax.scan(step, 0, length=nq)  # [nq, B, bq, K, G, h]
+    out = jnp.moveaxis(out, 0, 1).reshape(B, Tp, N, h)
+    if Tp != T:
+        out = out[:, :T]
     return out.astype(query.dtype).reshape(*batch, T, N, h)
