@@ -135,6 +135,31 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
         "tpu": {"matmul_n": 8192, "max_mb": 4096, "repeats": 20},
     },
+    # Chapter 09: the Pallas kernels' demo sizes. On CPU they run in the interpreter (a
+    # grid step costs milliseconds), so grids stay small; on a TPU they compile natively.
+    "pallas_matmul": {
+        "cpu": {"m": 200, "n": 136, "k": 264, "block": 64},
+        "gpu": {"m": 200, "n": 136, "k": 264, "block": 64},
+        "tpu": {"m": 4096, "n": 4096, "k": 4096, "block": 512},
+    },
+    "pallas_attention": {
+        "cpu": {"batch": 1, "seq": 200, "heads": 4, "kv_heads": 2, "head_dim": 32, "block": 64},
+        "gpu": {"batch": 1, "seq": 200, "heads": 4, "kv_heads": 2, "head_dim": 32, "block": 64},
+        "tpu": {"batch": 4, "seq": 4096, "heads": 16, "kv_heads": 4, "head_dim": 128, "block": 512},
+    },
+    # Chapter 10: temporary memory of plain vs chunked attention at sequence lengths
+    # 2**min_log2 .. 2**max_log2 (compile-time numbers: nothing that large is allocated), and
+    # the attention call the autotuner times (every candidate block size is compiled).
+    "kernel_library_memory": {
+        "cpu": {"min_log2": 10, "max_log2": 13, "heads": 4, "head_dim": 64},
+        "gpu": {"min_log2": 10, "max_log2": 14, "heads": 8, "head_dim": 128},
+        "tpu": {"min_log2": 10, "max_log2": 14, "heads": 8, "head_dim": 128},
+    },
+    "kernel_library_autotune": {
+        "cpu": {"batch": 1, "seq": 1024, "heads": 2, "head_dim": 64, "repeats": 3},
+        "gpu": {"batch": 4, "seq": 4096, "heads": 16, "head_dim": 128, "repeats": 10},
+        "tpu": {"batch": 4, "seq": 4096, "heads": 16, "head_dim": 128, "repeats": 10},
+    },
 }
 
 
