@@ -67,6 +67,13 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
         "tpu": {"hidden": 512, "batch_size": 256, "steps": 2000},
     },
+    # Chapter 11: quantizing the digits MLP: QAT fine-tuning and (Q)LoRA adapter steps, and the
+    # size of the weight matrix whose quantization error is measured against the tile size.
+    "quantization": {
+        "cpu": {"qat_steps": 100, "lora_steps": 150, "matrix": 512},
+        "gpu": {"qat_steps": 500, "lora_steps": 500, "matrix": 4096},
+        "tpu": {"qat_steps": 500, "lora_steps": 500, "matrix": 4096},
+    },
     # Chapter 03: optimizers' paths on a 2-D loss surface (cheap everywhere).
     "loss_surface": {
         "cpu": {"steps": 150, "grid": 200},

@@ -1,0 +1,160 @@
+"""Chapter 11's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from stacklib.grading import get_exercise, grade
+
+
+def tiled_scales(w, tile_size):
+    d_in, d_out = w.shape
+    scale = jnp.max(jnp.abs(jnp.asarray(w).reshape(d_in // tile_size, tile_size, d_out)), axis=1) / 127.5
+    return jnp.where(scale == 0, 1.0, scale)
+
+
+def fake_quant(x, scale):
+    q = jnp.clip(jnp.round(x / scale), -128, 127) * scale
+    return x + jax.lax.stop_gradient(q - x)
+
+
+def which_rule(rules, path, op_name):
+    for index, rule in enumerate(rules):
+        if re.fullmatch(rule.module_path, path) and (not rule.op_names or op_name in rule.op_names):
+            return index
+    return None
+
+
+def qlora_bytes(d_in, d_out, rank, bits, tile_size=None):
+    tiles = d_in // tile_size if tile_size else 1
+    return {"base": d_in * d_out * bits // 8, "scales": 4 * tiles * d_out,
+            "adapters": 4 * rank * (d_in + d_out)}
+
+
+RIGHT = {
+    "11.tiled_scales": tiled_scales,
+    "11.fake_quant": fake_quant,
+    "11.which_rule": which_rule,
+    "11.qlora_bytes": qlora_bytes,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+def test_each_exercise_heading_states_the_points_its_cases_give():
+    cells = json.loads((ROOT / "solutions" / "11_quantization.ipynb").read_text())["cells"]
+    stated, points = {}, None
+    for cell in cells:
+        source = "".join(cell["source"])
+        heading = re.search(r"^## Exercise .*\((\d+) points\)", source)
+        if cell["cell_type"] == "markdown" and heading:
+            points = int(heading.group(1))
+        elif cell["cell_type"] == "code" and (call := re.search(r'check\("(\d\d\.\w+)"', source)):
+            stated[call.group(1)] = points
+    assert stated == {exercise_id: get_exercise(exercise_id).max_points for exercise_id in RIGHT}
+
+
+# Planted wrong answers.
+
+def scales_over_127(w, tile_size):  # qmax, not qmax + 0.5
+    return tiled_scales(w, tile_size) * 127.5 / 127
+
+
+def interleaved_tiles(w, tile_size):  # tiles of every (d_in // tile_size)-th row, not consecutive rows
+    d_in, d_out = w.shape
+    scale = jnp.max(jnp.abs(jnp.asarray(w).reshape(tile_size, d_in // tile_size, d_out)), axis=0) / 127.5
+    return jnp.where(scale == 0, 1.0, scale)
+
+
+def zero_tile_gets_zero(w, tile_size):
+    d_in, d_out = w.shape
+    return jnp.max(jnp.abs(jnp.asarray(w).reshape(d_in // tile_size, tile_size, d_out)), axis=1) / 127.5
+
+
+def scales_in_place(w, tile_size):
+    w /= 127.5  # divides the caller's kernel
+    d_in, d_out = w.shape
+    scale = np.max(np.abs(w.reshape(d_in // tile_size, tile_size, d_out)), axis=1)
+    return np.where(scale == 0, 1.0, scale)
+
+
+def no_straight_through(x, scale):  # the gradient of round() is zero
+    return jnp.clip(jnp.round(x / scale), -128, 127) * scale
+
+
+def no_clip(x, scale):
+    q = jnp.round(x / scale) * scale
+    return x + jax.lax.stop_gradient(q - x)
+
+
+def floor_instead_of_round(x, scale):
+    q = jnp.clip(jnp.floor(x / scale + 0.5), -128, 127) * scale  # ties go up, not to even
+    return x + jax.lax.stop_gradient(q - x)
+
+
+def numpy_fake_quant(x, scale):  # NumPy cannot trace or differentiate
+    return np.clip(np.round(np.asarray(x) / scale), -128, 127) * scale
+
+
+def prefix_match(rules, path, op_name):
+    for index, rule in enumerate(rules):
+        if re.match(rule.module_path, path) and (not rule.op_names or op_name in rule.op_names):
+            return index
+    return None
+
+
+def last_match_wins(rules, path, op_name):
+    matches = [i for i, r in enumerate(rules)
+               if re.fullmatch(r.module_path, path) and (not r.op_names or op_name in r.op_names)]
+    return matches[-1] if matches else None
+
+
+def ignores_op_names(rules, path, op_name):
+    return next((i for i, r in enumerate(rules) if re.fullmatch(r.module_path, path)), None)
+
+
+def int4_takes_a_byte(d_in, d_out, rank, bits, tile_size=None):
+    return {**qlora_bytes(d_in, d_out, rank, bits, tile_size), "base": d_in * d_out * max(bits, 8) // 8}
+
+
+def forgets_tiles(d_in, d_out, rank, bits, tile_size=None):
+    return {**qlora_bytes(d_in, d_out, rank, bits, tile_size), "scales": 4 * d_out}
+
+
+def full_rank_adapters(d_in, d_out, rank, bits, tile_size=None):
+    return {**qlora_bytes(d_in, d_out, rank, bits, tile_size), "adapters": 4 * d_in * d_out}
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("11.tiled_scales", scales_over_127, 0, "divides by 127, not 127.5 (the zero tile too)"),
+    ("11.tiled_scales", interleaved_tiles, 1, "tiles interleaved rows (reshape in the wrong order)"),
+    ("11.tiled_scales", zero_tile_gets_zero, 3, "an all-zero tile gets scale 0"),
+    ("11.tiled_scales", scales_in_place, 0, "divides the caller's kernel in place"),
+    ("11.fake_quant", no_straight_through, 3, "no straight-through estimator: zero gradient"),
+    ("11.fake_quant", no_clip, 3, "no clipping to [-128, 127]"),
+    ("11.fake_quant", floor_instead_of_round, 3, "rounds ties up, not to even"),
+    ("11.fake_quant", numpy_fake_quant, 2, "NumPy: cannot be differentiated or jitted"),
+    ("11.which_rule", prefix_match, 3, "re.match: a prefix match"),
+    ("11.which_rule", last_match_wins, 4, "the last match wins"),
+    ("11.which_rule", ignores_op_names, 3, "ignores op_names"),
+    ("11.qlora_bytes", int4_takes_a_byte, 3, "an int4 value takes a whole byte"),
+    ("11.qlora_bytes", forgets_tiles, 2, "one scale per channel even with tiles"),
+    ("11.qlora_bytes", full_rank_adapters, 3, "adapters as large as the kernel"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
+    assert result.points < result.max_points
