@@ -17,6 +17,10 @@ would be fixed to the sample's shapes. Interception sees the live module, keeps 
 an ordinary module, and quantizes its state in place. Its price is the same as in qwix:
 only calls that go through the public `jax.lax.dot_general`/`jnp.einsum`/`jnp.dot` are seen,
 so `x @ w` stays float (`get_unused_rules` and the warning below make that visible).
+
+Differences from qwix: only the root's `__call__` is intercepted, so calling a submodule of
+the quantized copy directly (`qmodel.hidden(x)`) runs in float; call the root. qwix
+intercepts every module's call.
 """
 
 from __future__ import annotations
