@@ -18,9 +18,9 @@ an ordinary module, and quantizes its state in place. Its price is the same as i
 only calls that go through the public `jax.lax.dot_general`/`jnp.einsum`/`jnp.dot` are seen,
 so `x @ w` stays float (`get_unused_rules` and the warning below make that visible).
 
-Differences from qwix: only the root's `__call__` is intercepted, so calling a submodule of
-the quantized copy directly (`qmodel.hidden(x)`) runs in float; call the root. qwix
-intercepts every module's call.
+Only the root's `__call__` is intercepted, as in qwix 0.1.8 for NNX models ("only
+intercepts the `call_method` of the nnx module for now"): calling a submodule of the
+quantized copy directly (`qmodel.hidden(x)`) runs in float. Call the root.
 """
 
 from __future__ import annotations
