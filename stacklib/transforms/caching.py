@@ -73,16 +73,17 @@ jit_p = Primitive("jit", multiple_results=True)
 
 
 # One compiled program per staged jaxpr, keyed by the jaxpr's identity: `JittedFunction`
-# keeps each jaxpr in its cache, so a cache hit finds its executable here too.
-_compiled: dict[int, tuple[ClosedJaxpr, CompiledProgram]] = {}
+# keeps each jaxpr in its cache, so a cache hit finds its executable here too. The entry
+# goes when the jaxpr does (before its id can be reused).
+_compiled: dict[int, CompiledProgram] = {}
 
 
 def _compiled_program(jaxpr: ClosedJaxpr, name: str) -> CompiledProgram:
-    entry = _compiled.get(id(jaxpr))
-    if entry is None or entry[0] is not jaxpr:
-        entry = _compiled[id(jaxpr)] = (jaxpr, compile_jaxpr(jaxpr, name))
+    program = _compiled.get(id(jaxpr))
+    if program is None:
+        program = _compiled[id(jaxpr)] = compile_jaxpr(jaxpr, name)
         weakref.finalize(jaxpr, _compiled.pop, id(jaxpr), None)
-    return entry[1]
+    return program
 
 
 @jit_p.def_impl
@@ -145,6 +146,12 @@ class Traced:
     jaxpr: ClosedJaxpr
     out_tree: tree_util.PyTreeDef
     tracer_consts: tuple[Any, ...] = ()
+
+
+def _outside_every_transformation(leaves: Sequence[Any]) -> bool:
+    """True when `bind` would evaluate: nothing is staging and no argument is a tracer."""
+    return (core.dynamic_trace is None and len(core.trace_stack) == 1
+            and not any(isinstance(leaf, Tracer) for leaf in leaves))
 
 
 def _differences(old: _Signature, new: _Signature) -> list[str]:
@@ -233,9 +240,15 @@ class JittedFunction:
             traced = self._stage(signature, args, kwargs, static_positions)
             if not traced.tracer_consts:
                 self._cache[signature] = traced
-        # `interpret` appears in the equation only when set, so jaxprs print as JAX's do.
-        params = {"interpret": True} if self.interpret else {}
-        outs = jit_p.bind(*traced.tracer_consts, *leaves, name=self.__name__, jaxpr=traced.jaxpr, **params)
+        if not self.interpret and _outside_every_transformation(leaves):
+            # What bind would reach anyway (EvalTrace, then _jit_impl), minus its per-call
+            # Python: JAX has such a fast path too, in C++.
+            outs = _compiled_program(traced.jaxpr, self.__name__)(*leaves)
+        else:
+            # `interpret` appears in the equation only when set, so jaxprs print as JAX's do.
+            params = {"interpret": True} if self.interpret else {}
+            outs = jit_p.bind(*traced.tracer_consts, *leaves, name=self.__name__, jaxpr=traced.jaxpr,
+                              **params)
         return tree_util.tree_unflatten(traced.out_tree, outs)
 
     def _cache_size(self) -> int:
