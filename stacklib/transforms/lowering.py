@@ -363,7 +363,7 @@ def _reduce_sum_rule(ctx: LoweringRuleContext, x: str, *, axes: tuple[int, ...])
     return reduce(ctx, x, ctx.constant(0, ctx.avals_in[0].dtype), "add", axes)
 
 
-def lowest(dtype: Any) -> Any:
+def _lowest(dtype: Any) -> Any:
     """The identity of `max`: -inf for floats, the smallest integer, False."""
     dtype = np.dtype(dtype)
     if np.issubdtype(dtype, np.floating):
@@ -372,7 +372,8 @@ def lowest(dtype: Any) -> Any:
 
 
 def _reduce_max_rule(ctx: LoweringRuleContext, x: str, *, axes: tuple[int, ...]) -> str:
-    return reduce(ctx, x, ctx.constant(lowest(ctx.avals_in[0].dtype), ctx.avals_in[0].dtype), "maximum", axes)
+    dtype = ctx.avals_in[0].dtype
+    return reduce(ctx, x, ctx.constant(_lowest(dtype), dtype), "maximum", axes)
 
 
 def _broadcast_in_dim_rule(ctx: LoweringRuleContext, x: str, *, shape, broadcast_dimensions) -> str:
@@ -419,7 +420,12 @@ lowering_rules[lax.dot_general_p] = _dot_general_rule
 
 
 class StableHLOCompileError(RuntimeError):
-    """XLA rejected a module we wrote: the message shows the offending line of our text."""
+    """XLA rejected a module we wrote: the message shows the offending line of our text.
+
+    `text` holds the whole module, for a reader who needs the lines around it.
+    """
+
+    text: str = ""
 
 
 def _explain_compile_error(error: Exception, text: str) -> StableHLOCompileError:
@@ -468,7 +474,9 @@ def compile_stablehlo(text: str, in_avals: Sequence[ShapedArray]) -> Callable[..
     try:
         executable = client.compile_and_load(text, [device], options)
     except Exception as error:  # jax.errors.JaxRuntimeError, without importing it eagerly
-        raise _explain_compile_error(error, text) from None
+        explained = _explain_compile_error(error, text)
+        explained.text = text
+        raise explained from None
     sharding = jax.sharding.SingleDeviceSharding(device)
     jax_avals = [jax.core.ShapedArray(aval.shape, aval.dtype) for aval in in_avals]
 
