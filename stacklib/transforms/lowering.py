@@ -39,7 +39,7 @@ import numpy as np
 
 from stacklib.transforms import errors, lax
 from stacklib.transforms.core import Primitive, ShapedArray
-from stacklib.transforms.jaxpr import ClosedJaxpr, Jaxpr, Literal, Var
+from stacklib.transforms.jaxpr import ClosedJaxpr, Jaxpr, Literal
 
 # --------------------------------------------------------------------------- types
 
@@ -170,9 +170,12 @@ class _ModuleBuilder:
             self.functions.append(self.function(closed, unique, "private"))
         in_types = ", ".join(tensor_type(v.aval) for v in closed.jaxpr.invars)
         out_types = ", ".join(tensor_type(v.aval) for v in closed.jaxpr.outvars)
-        result = caller.emit(f"func.call @{self.names[id(closed)]}({', '.join(args)}) : "
-                             f"({in_types}) -> ({out_types})")
+        call = f"func.call @{self.names[id(closed)]}({', '.join(args)}) : ({in_types}) -> ({out_types})"
         n = len(closed.jaxpr.outvars)
+        if n == 0:  # nothing to name
+            caller.lines.append(call)
+            return []
+        result = caller.emit(call)
         if n == 1:
             return [result]
         # A call with n results defines %N:n; its results are %N#0, %N#1, ...
@@ -217,7 +220,7 @@ def lower_jaxpr(function: _FunctionBuilder, jaxpr: Jaxpr, consts: Sequence[Any],
         outs = [outs] if isinstance(outs, str) else list(outs)
         for var, name in zip(eqn.outvars, outs, strict=True):
             env[id(var)] = name
-    return [read(v) if isinstance(v, Literal | Var) else v for v in jaxpr.outvars]
+    return [read(v) for v in jaxpr.outvars]
 
 
 def missing_rule_message(primitive: Primitive) -> str:
