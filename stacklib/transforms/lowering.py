@@ -493,7 +493,11 @@ def compile_stablehlo(text: str, in_avals: Sequence[ShapedArray]) -> Callable[..
 
 @dataclasses.dataclass
 class CompiledProgram:
-    """A jaxpr compiled by XLA: call it with NumPy arrays, get NumPy arrays back."""
+    """A jaxpr compiled by XLA: call it with NumPy arrays, get NumPy arrays back.
+
+    The outputs are read-only views of XLA's buffers (immutable, as jax Arrays are;
+    `jit(f, interpret=True)` returns writable ones): `np.array(out)` copies one to write into.
+    """
 
     text: str
     in_avals: list[ShapedArray]
