@@ -8,7 +8,7 @@ from conftest import ROOT
 
 import stacklib.transforms as st
 from stacklib.grading import grade
-from stacklib.transforms import batching, forward, lax, reverse
+from stacklib.transforms import batching, forward, lax, lowering, reverse
 
 # --------------------------------------------------------------------------- right answers
 
@@ -52,12 +52,19 @@ def jacfwd(f):
     return jacobian
 
 
+def reduce_max_lowering(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    init = ctx.constant(-np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min, dtype)
+    return lowering.reduce(ctx, x, init, "maximum", axes)
+
+
 RIGHT = {
     "01.tanh_jvp": tanh_jvp,
     "01.reduce_sum_transpose": reduce_sum_transpose,
     "01.reduce_sum_batch": reduce_sum_batch,
     "01.logistic": define_logistic,
     "01.jacfwd": jacfwd,
+    "01.reduce_max_lowering": reduce_max_lowering,
 }
 
 
@@ -69,10 +76,11 @@ def test_a_right_answer_scores_full_marks(exercise_id):
 
 def test_the_rule_tables_are_restored_after_grading():
     tables = [dict(forward.primitive_jvps), dict(reverse.primitive_transposes),
-              dict(batching.primitive_batchers)]
+              dict(batching.primitive_batchers), dict(lowering.lowering_rules)]
     for exercise_id, answer in RIGHT.items():
         grade(exercise_id, answer)
-    assert tables == [forward.primitive_jvps, reverse.primitive_transposes, batching.primitive_batchers]
+    assert tables == [forward.primitive_jvps, reverse.primitive_transposes, batching.primitive_batchers,
+                      lowering.lowering_rules]
 
 
 # --------------------------------------------------------------------------- planted wrong answers
@@ -192,6 +200,30 @@ def jacfwd_transposed(f):
     return jacobian
 
 
+def max_lowering_starting_at_zero(ctx, x, *, axes):
+    return lowering.reduce(ctx, x, ctx.constant(0, ctx.avals_in[0].dtype), "maximum", axes)
+
+
+def max_lowering_with_add(ctx, x, *, axes):
+    return lowering.reduce(ctx, x, ctx.constant(-np.inf, ctx.avals_in[0].dtype), "add", axes)
+
+
+def max_lowering_starting_at_minus_inf_for_integers_too(ctx, x, *, axes):
+    return lowering.reduce(ctx, x, ctx.constant(-np.inf, ctx.avals_in[0].dtype), "maximum", axes)
+
+
+def max_lowering_with_the_operand_type_as_result(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    init = ctx.constant(-np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min, dtype)
+    t, scalar = lowering.tensor_type(ctx.avals_in[0]), lowering.tensor_type(st.ShapedArray((), dtype))
+    return ctx.emit(f"stablehlo.reduce({x} init: {init}) applies stablehlo.maximum across dimensions = "
+                    f"{list(axes)} : ({t}, {scalar}) -> {t}")
+
+
+def max_lowering_with_numpy(ctx, x, *, axes):
+    return np.max(x)
+
+
 # (exercise, planted wrong answer, points it should still get)
 WRONG = [
     ("01.tanh_jvp", tanh_jvp_forgets_the_square, 1),
@@ -214,6 +246,11 @@ WRONG = [
     ("01.logistic", logistic_batched_at_zero, 5),
     ("01.jacfwd", jacfwd_with_a_loop, 3),
     ("01.jacfwd", jacfwd_transposed, 2),
+    ("01.reduce_max_lowering", max_lowering_starting_at_zero, 1),
+    ("01.reduce_max_lowering", max_lowering_with_add, 0),
+    ("01.reduce_max_lowering", max_lowering_starting_at_minus_inf_for_integers_too, 4),
+    ("01.reduce_max_lowering", max_lowering_with_the_operand_type_as_result, 0),
+    ("01.reduce_max_lowering", max_lowering_with_numpy, 0),
 ]
 
 
@@ -239,6 +276,10 @@ MESSAGES = [
     ("01.logistic", logistic_jvp_with_numpy, ["NumPy function to a traced value", "np.exp(-x)"], ["branch"]),
     ("01.jacfwd", jacfwd_transposed, ["is transposed", "out_axes=-1"], ["must itself be traceable"]),
     ("01.jacfwd", jacfwd_with_a_loop, [], ["branch"]),
+    ("01.reduce_max_lowering", max_lowering_with_the_operand_type_as_result,
+     ["XLA could not compile", "stablehlo.reduce(%arg0 init:"], []),
+    ("01.reduce_max_lowering", max_lowering_with_numpy, ["applied NumPy to an operand", "np.max(x)",
+                                                         "SSA names like '%arg0'"], []),
 ]
 
 
@@ -255,7 +296,8 @@ def test_a_planted_wrong_answer_is_told_the_cause(exercise_id, answer, present, 
 def test_the_chapter_does_not_print_the_rules_the_exercises_ask_for():
     chapter = (ROOT / "chapters" / "01_transforms.md").read_text()
     shown = " ".join(re.findall(r"^show\((.*?)\)$", chapter, flags=re.M | re.S))
-    for answer in ["forward._tanh_jvp", "reverse._reduce_sum_transpose", "batching._reduce_batcher"]:
+    for answer in ["forward._tanh_jvp", "reverse._reduce_sum_transpose", "batching._reduce_batcher",
+                   "lowering._reduce_max_rule", "lowering._lowest"]:
         assert answer not in shown, f"chapter 01 shows {answer}, the answer to an exercise"
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import stacklib.transforms as st
 import stacklib.transforms.numpy as tnp
 from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_close
-from stacklib.transforms import batching, errors, forward, lax, reverse
+from stacklib.transforms import batching, errors, forward, lax, lowering, reverse
 
 RNG_SEED = 1
 
@@ -412,8 +412,9 @@ def composes_under_jit_vmap_grad(define_logistic):
     expected = _sigmoid(x) * (1 - _sigmoid(x))
     with (_defined(define_logistic) as logistic_p,
           _errors_name_the_definitions(define_logistic, "jit(vmap(grad))")):
-        got = call_on_copies(st.jit(st.vmap(st.grad(lambda r: tnp.sum(logistic_p.bind(r))))), x,
-                             what="jit(vmap(grad)) with your rules")
+        # interpret=True: this primitive has no lowering rule (the lowering exercise is separate).
+        got = call_on_copies(st.jit(st.vmap(st.grad(lambda r: tnp.sum(logistic_p.bind(r)))), interpret=True),
+                             x, what="jit(vmap(grad)) with your rules")
     expect_close(got, expected, rtol=1e-10, what="jit(vmap(grad(sum(logistic))))")
 
 
@@ -503,3 +504,75 @@ def works_under_jit(make_jacfwd):
     with _jacfwd_reports_numpy(make_jacfwd):
         got = call_on_copies(st.jit(make_jacfwd(_square_function(tnp))), x, what="jit(jacfwd(f))")
     _expect_jacobian(got, expected, what="jit(jacfwd(f))(x)")
+
+
+# --------------------------------------------------------------------------- 01.reduce_max_lowering
+
+reduce_max_lowering = Exercise("01.reduce_max_lowering", "The lowering rule of reduce_max")
+
+
+def _checked_lowering_rule(rule):
+    def checked(ctx, x, **params):
+        try:
+            out = rule(ctx, x, **params)
+        except Exception as error:
+            numpy_dir = str(pathlib.Path(np.__file__).parent)
+            frames = traceback.extract_tb(error.__traceback__)
+            if not any(f.filename.startswith(numpy_dir) for f in frames):
+                raise
+            raise CaseFailure(f"Your rule applied NumPy to an operand{_learner_line(error, rule)}: a "
+                              f"lowering rule receives SSA names like {x!r}, not arrays, and writes "
+                              "StableHLO text with ctx.emit(...) or lowering.reduce(...).") from None
+        if not isinstance(out, str):
+            raise CaseFailure(f"Your rule returned {_describe(out)}; a lowering rule returns the SSA "
+                              "name of its result, the string that ctx.emit(...) or lowering.reduce(...) "
+                              "gives back (like '%3'). It never sees arrays, only names and types.")
+        return out
+    return checked
+
+
+def _compiled_max(rule, x, axis):
+    """jit(max) with the learner's rule: lowered to StableHLO, compiled by XLA, run on x."""
+    with _installed(lowering.lowering_rules, lax.reduce_max_p, _checked_lowering_rule(rule)):
+        try:
+            return call_on_copies(st.jit(lambda v: tnp.max(v, axis=axis)), x, what="jit(max) with your rule")
+        except lowering.StableHLOCompileError as error:
+            raise CaseFailure(f"{error}\nThe whole module, with your rule's line in it:\n"
+                              f"{error.text}") from None
+
+
+@reduce_max_lowering.case(hint="Reduce with stablehlo.maximum: lowering.reduce(ctx, x, init, "
+                               "'maximum', axes).")
+def max_of_positive_values(rule):
+    x = _rng().uniform(1.0, 2.0, size=(3, 4))
+    expected = np.max(x)
+    expect_close(_compiled_max(rule, x, None), expected, rtol=0, atol=0, what="jit(max(x)) for x in [1, 2)")
+
+
+@reduce_max_lowering.case(points=2, hint="The initial value is combined with every element, so it "
+                                         "must never win: for max that is -inf, not 0.")
+def max_of_negative_values_over_one_axis(rule):
+    x = -_rng().uniform(1.0, 2.0, size=(3, 4))
+    expected = np.max(x, axis=1)
+    expect_close(_compiled_max(rule, x, 1), expected, rtol=0, atol=0, what="jit(max(x, axis=1)) for x < 0")
+
+
+@reduce_max_lowering.case(hint="Build the initial value in the operand's dtype: "
+                               "ctx.constant(value, ctx.avals_in[0].dtype).")
+def a_middle_axis_of_float32(rule):
+    x = (_rng().normal(size=(2, 3, 4)) - 3.0).astype(np.float32)
+    expected = np.max(x, axis=1)
+    got = _compiled_max(rule, x, 1)
+    expect(np.asarray(got).dtype == np.float32, f"the result has dtype {np.asarray(got).dtype}, "
+                                                "not float32: the rule must keep the operand's dtype")
+    expect_close(got, expected, rtol=0, atol=0, what="jit(max(x, axis=1)) for float32 x of shape (2, 3, 4)")
+
+
+@reduce_max_lowering.case(hint="Integers have no -inf: start from the smallest value of the dtype, "
+                               "np.iinfo(dtype).min.")
+def integers(rule):
+    x = _rng().integers(-100, -1, size=(4, 3)).astype(np.int32)
+    expected = np.max(x, axis=0)
+    expect_close(_compiled_max(rule, x, 0), expected, rtol=0, atol=0,
+                 what="jit(max(x, axis=0)) for int32 x < 0")
+

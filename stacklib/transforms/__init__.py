@@ -24,12 +24,14 @@ Mirrors `jax.jvp`, `jax.linearize`, `jax.vjp`, `jax.grad`, `jax.value_and_grad`,
   reverse    reverse mode (`grad`, `vjp`): linearize, then transpose (rules for linear primitives)
   batching   `vmap`, one batching rule per primitive
   caching    `jit`: staging with a cache keyed by abstract signature, and the `jit` primitive
+  lowering   jaxprs to StableHLO text, one lowering rule per primitive; XLA compiles and runs it
   tree_util  pytrees
   errors     the errors tracing raises, with messages that explain the fix
 
-Differences from JAX (details in each module): NumPy instead of XLA, about thirty
-primitives, no control-flow primitives, no `custom_jvp`/`custom_vjp`, no symbolic
-zeros or weak types, no sharding, and jaxprs that are interpreted rather than compiled.
+Differences from JAX (details in each module): eager operations run with NumPy (only
+`jit` compiles, through our own StableHLO emitter and XLA; `jit(f, interpret=True)`
+runs the jaxpr with NumPy instead), about thirty primitives, no control-flow
+primitives, no `custom_jvp`/`custom_vjp`, no symbolic zeros or weak types, no sharding.
 """
 
 from stacklib.transforms import lax, numpy, tree_util

@@ -9,13 +9,19 @@ On a call, the arguments are reduced to their *abstract signature*: the tree str
 each leaf's shape and dtype, and the values of the static arguments. The first call
 with a signature stages the function to a jaxpr (`staging.trace_to_jaxpr`), removes
 dead code, and stores it; every later call with the same signature skips Python
-tracing and runs the stored program with `jaxpr.run_jaxpr`, one NumPy call per
-equation. A new shape, dtype, structure or static value means a new entry: a
-*recompilation*, which `jax_log_compiles` reports together with what changed.
+tracing and runs the stored program. A new shape, dtype, structure or static value
+means a new entry: a *recompilation*, which `jax_log_compiles` reports together with
+what changed.
+
+Running the stored program has two implementations. By default the jaxpr is lowered to
+StableHLO and compiled by XLA, once per entry (`lowering.compile_jaxpr`), as `jax.jit`
+does. With `jit(f, interpret=True)` it is interpreted by `jaxpr.run_jaxpr`, one NumPy
+call per equation: slower, but every step is Python you can read and step through
+(the name follows Pallas's `interpret=True`).
 
 Differences from jax.jit:
-  * the staged program is interpreted with NumPy, not compiled by XLA: no fusion, no
-    accelerator, no asynchronous dispatch (chapter 06 looks at what XLA does);
+  * XLA compiles for the default device only, and calls block until the results are
+    NumPy arrays: no asynchronous dispatch, no device-resident outputs;
   * no `donate_argnums`, shardings, `lower()`/`compile()`, or weak types in the cache
     key (a Python float and a float64 scalar share an entry; JAX keeps two);
   * under `jvp`, `vmap` or `grad` the inner jaxpr is inlined into the outer
@@ -29,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -37,6 +44,7 @@ from stacklib.transforms.batching import primitive_batchers, vmap_flat
 from stacklib.transforms.core import Primitive, Tracer, get_aval
 from stacklib.transforms.forward import jvp_flat, primitive_jvps
 from stacklib.transforms.jaxpr import ClosedJaxpr, Jaxpr, dce_jaxpr, eval_jaxpr, run_jaxpr
+from stacklib.transforms.lowering import CompiledProgram, LoweringRuleContext, compile_jaxpr, lowering_rules
 from stacklib.transforms.staging import flatten_fun, trace_to_jaxpr
 
 logger = logging.getLogger("stacklib.transforms")
@@ -64,31 +72,54 @@ config = _Config()
 jit_p = Primitive("jit", multiple_results=True)
 
 
+# One compiled program per staged jaxpr, keyed by the jaxpr's identity: `JittedFunction`
+# keeps each jaxpr in its cache, so a cache hit finds its executable here too. The entry
+# goes when the jaxpr does (before its id can be reused).
+_compiled: dict[int, CompiledProgram] = {}
+
+
+def _compiled_program(jaxpr: ClosedJaxpr, name: str) -> CompiledProgram:
+    program = _compiled.get(id(jaxpr))
+    if program is None:
+        program = _compiled[id(jaxpr)] = compile_jaxpr(jaxpr, name)
+        weakref.finalize(jaxpr, _compiled.pop, id(jaxpr), None)
+    return program
+
+
 @jit_p.def_impl
-def _jit_impl(*args: Any, jaxpr: ClosedJaxpr, name: str) -> list[Any]:
-    return run_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
+def _jit_impl(*args: Any, jaxpr: ClosedJaxpr, name: str, interpret: bool = False) -> list[Any]:
+    if interpret:
+        return run_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
+    return _compiled_program(jaxpr, name)(*args)
 
 
 @jit_p.def_abstract_eval
-def _jit_abstract_eval(*avals: Any, jaxpr: ClosedJaxpr, name: str) -> list[Any]:
+def _jit_abstract_eval(*avals: Any, jaxpr: ClosedJaxpr, name: str, interpret: bool = False) -> list[Any]:
     return jaxpr.out_avals
+
+
+def _jit_lowering(ctx: LoweringRuleContext, *args: str, jaxpr: ClosedJaxpr, name: str,
+                  interpret: bool = False) -> list[str]:
+    """A nested jit is a private function of the module and a `func.call` (as in JAX)."""
+    return ctx.lower_call(jaxpr, name, args)
 
 
 def _inline(jaxpr: ClosedJaxpr) -> Callable[..., list[Any]]:
     return lambda *args: eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
-def _jit_jvp(primals, tangents, *, jaxpr, name):
+def _jit_jvp(primals, tangents, *, jaxpr, name, interpret=False):
     return jvp_flat(_inline(jaxpr), primals, tangents)
 
 
-def _jit_batcher(vals, dims, *, jaxpr, name):
+def _jit_batcher(vals, dims, *, jaxpr, name, interpret=False):
     size = next(get_aval(v).shape[d] for v, d in zip(vals, dims, strict=True) if d is not None)
     return vmap_flat(_inline(jaxpr), dims, vals, size, context=f"the function {name}")
 
 
 primitive_jvps[jit_p] = _jit_jvp
 primitive_batchers[jit_p] = _jit_batcher
+lowering_rules[jit_p] = _jit_lowering
 
 
 # --------------------------------------------------------------------------- jit
@@ -117,6 +148,12 @@ class Traced:
     tracer_consts: tuple[Any, ...] = ()
 
 
+def _outside_every_transformation(leaves: Sequence[Any]) -> bool:
+    """True when `bind` would evaluate: nothing is staging and no argument is a tracer."""
+    return (core.dynamic_trace is None and len(core.trace_stack) == 1
+            and not any(isinstance(leaf, Tracer) for leaf in leaves))
+
+
 def _differences(old: _Signature, new: _Signature) -> list[str]:
     if old.in_tree != new.in_tree:
         return [f"the argument structure changed from {old.in_tree} to {new.in_tree}"]
@@ -138,8 +175,10 @@ def _why_new(cached: Sequence[_Signature], new: _Signature) -> str:
 class JittedFunction:
     """A function staged per abstract signature, with the staged programs cached."""
 
-    def __init__(self, fun: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str]):
+    def __init__(self, fun: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str],
+                 interpret: bool = False):
         self.fun = fun
+        self.interpret = interpret
         self.static_argnums = tuple(static_argnums)
         self.static_argnames = tuple(static_argnames)
         self._cache: dict[_Signature, Traced] = {}
@@ -201,7 +240,15 @@ class JittedFunction:
             traced = self._stage(signature, args, kwargs, static_positions)
             if not traced.tracer_consts:
                 self._cache[signature] = traced
-        outs = jit_p.bind(*traced.tracer_consts, *leaves, name=self.__name__, jaxpr=traced.jaxpr)
+        if not self.interpret and _outside_every_transformation(leaves):
+            # What bind would reach anyway (EvalTrace, then _jit_impl), minus its per-call
+            # Python: JAX has such a fast path too, in C++.
+            outs = _compiled_program(traced.jaxpr, self.__name__)(*leaves)
+        else:
+            # `interpret` appears in the equation only when set, so jaxprs print as JAX's do.
+            params = {"interpret": True} if self.interpret else {}
+            outs = jit_p.bind(*traced.tracer_consts, *leaves, name=self.__name__, jaxpr=traced.jaxpr,
+                              **params)
         return tree_util.tree_unflatten(traced.out_tree, outs)
 
     def _cache_size(self) -> int:
@@ -216,6 +263,8 @@ def jit(
     fun: Callable,
     static_argnums: int | Sequence[int] | None = None,
     static_argnames: str | Sequence[str] | None = None,
+    *,
+    interpret: bool = False,
 ) -> JittedFunction:
     """Stage `fun` to a jaxpr once per abstract signature, cache it, and run the cached program.
 
@@ -225,6 +274,8 @@ def jit(
         part of the cache key (by value, so they must be hashable) and `fun` sees them
         as they are, so Python `if`s on them work.
       static_argnames: the same for keyword arguments.
+      interpret: run the staged jaxpr with NumPy, one call per equation (`run_jaxpr`),
+        instead of lowering it to StableHLO and compiling it with XLA (the default).
 
     Returns:
       A callable with `fun`'s signature; `_cache_size()` counts the programs staged so far.
@@ -233,4 +284,4 @@ def jit(
         (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums))
     names = () if static_argnames is None else (
         (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames))
-    return JittedFunction(fun, nums, names)
+    return JittedFunction(fun, nums, names, interpret)

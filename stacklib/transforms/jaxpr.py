@@ -16,7 +16,7 @@ traced function closed over). Scalar constants print inline as literals (`2.0:f6
 Two ways to run a jaxpr: `eval_jaxpr` binds each equation's primitive, so whatever
 transformation is active (jvp, vmap, staging) interprets it, exactly as if the
 original Python function ran again; `run_jaxpr` calls the NumPy implementations
-directly, which is what `jit` does with a staged program.
+directly, which is what `jit(f, interpret=True)` does with a staged program.
 
 Differences from jax.core:
   * no effects, source info, debug info or `Jaxpr` type checking;
