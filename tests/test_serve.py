@@ -172,7 +172,7 @@ def test_the_batcher_returns_each_request_its_own_rows_under_concurrency():
         calls.append(len(batch))
         return batch * 2.0
 
-    batcher = DynamicBatcher(model, max_batch_size=8, batch_timeout=0.01)
+    batcher = DynamicBatcher(model, max_batch_size=8, batch_timeout=0.01, allowed_batch_sizes=[2, 4, 8])
     results, errors = {}, []
 
     def client(i):
@@ -197,9 +197,11 @@ def test_the_batcher_returns_each_request_its_own_rows_under_concurrency():
         np.testing.assert_array_equal(outputs, rows * 2.0)
     # 48 rows queued at once go in full calls of up to 8 rows: far fewer calls than requests.
     assert sum(batcher.batch_sizes.values()) == len(calls) <= 24 // 2
-    assert all(size <= 8 for size in batcher.batch_sizes)
+    assert all(size <= 8 for size in batcher.batch_sizes) and set(calls) <= {2, 4, 8}  # padded
     with pytest.raises(ValueError, match="between 1 and 8 rows"):
         DynamicBatcher(model, max_batch_size=8).submit(np.zeros((9, 2)))
+    with pytest.raises(ValueError, match="end with max_batch_size=8"):
+        DynamicBatcher(model, max_batch_size=8, allowed_batch_sizes=[1, 4])
 
 
 def test_a_failing_model_fails_only_its_batch_and_the_batcher_keeps_going():

@@ -8,9 +8,15 @@ request wastes most of the machine. `DynamicBatcher` runs one worker thread that
 2. keeps collecting requests until it holds `max_batch_size` rows or `batch_timeout`
    seconds have passed since that first request (the window: latency traded for
    throughput);
-3. concatenates them, pads the batch up to the next bucket size (powers of two up to
-   `max_batch_size`), so that only a handful of shapes are ever compiled;
+3. concatenates them and pads the batch up to the next of `allowed_batch_sizes` (TF
+   Serving's name), by default `max_batch_size` alone, so that one shape is compiled;
 4. calls the model once and hands each request its own rows back.
+
+Why one padded shape by default: XLA compiles a different program for each batch size,
+and on CPU a row's logits differ in the last bit between a batch of 1 and a batch of 16
+(the matmul blocks its sums differently). With a single shape, a request's answer never
+depends on who else was calling: the server is bitwise batch-invariant. Padding costs
+compute at light load; a large model would allow a few sizes (`bucket_sizes(32)`) instead.
 
 Requests are futures (`concurrent.futures.Future`), so threads wait on `.result()` and
 asyncio endpoints `await asyncio.wrap_future(...)`.
@@ -47,13 +53,20 @@ class DynamicBatcher:
       model: a function of one array (B, ...) returning an array (B, ...).
       max_batch_size: the most rows in one call.
       batch_timeout: seconds to wait for more requests after the first one arrives.
+      allowed_batch_sizes: the padded sizes the model is called with, increasing, the last
+        equal to `max_batch_size` (default: only `max_batch_size`).
     """
 
-    def __init__(self, model: Callable, *, max_batch_size: int = 32, batch_timeout: float = 0.002):
+    def __init__(self, model: Callable, *, max_batch_size: int = 32, batch_timeout: float = 0.002,
+                 allowed_batch_sizes: list[int] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}.")
+        sizes = list(allowed_batch_sizes or [max_batch_size])
+        if sizes != sorted(set(sizes)) or sizes[-1] != max_batch_size:
+            raise ValueError(f"allowed_batch_sizes must increase and end with max_batch_size="
+                             f"{max_batch_size}, got {allowed_batch_sizes}.")
+        self.allowed_batch_sizes = sizes
         self.model, self.max_batch_size, self.batch_timeout = model, max_batch_size, batch_timeout
-        self.buckets = bucket_sizes(max_batch_size)
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # rows per call -> calls
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
@@ -62,8 +75,8 @@ class DynamicBatcher:
         self._worker.start()
 
     def warm_up(self, example_row: np.ndarray) -> None:
-        """Compile every bucket now, so the first clients do not wait for the compiler."""
-        for size in self.buckets:
+        """Compile every allowed size now, so the first clients do not wait for the compiler."""
+        for size in self.allowed_batch_sizes:
             np.asarray(self.model(np.repeat(example_row[None], size, axis=0)))
 
     def submit(self, rows: np.ndarray) -> Future:
@@ -111,7 +124,7 @@ class DynamicBatcher:
                 continue
             batch = np.concatenate([rows for rows, _ in pending])
             n = len(batch)
-            size = next(b for b in self.buckets if b >= n)
+            size = next(b for b in self.allowed_batch_sizes if b >= n)
             padded = np.concatenate([batch, np.repeat(batch[-1:], size - n, axis=0)]) if size > n else batch
             try:
                 outputs = np.asarray(self.model(padded))[:n]
