@@ -65,11 +65,12 @@ def test_one_export_serves_six_batch_sizes_bitwise_without_retracing_the_model(c
         x = _inputs(batch)
         got = np.asarray(loaded(x))
         assert got.shape == (batch, 10)
-        np.testing.assert_allclose(got, predict(params, x), rtol=1e-7, atol=0)  # jax.export's own bar
-        assert np.array_equal(got, jax.jit(predict)(params, x))  # and bitwise, same backend
+        expected = jax.jit(predict)(params, x)  # compiled, as the artifact is (eager differs by an ulp)
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=0)  # jax.export's own bar
+        assert np.array_equal(got, expected)  # and bitwise, same backend
     assert loaded.compiled_shapes() == len(BATCH_SIZES)  # one compile per shape of the one program
     # The loaded function never called the model's Python code (only the references above did).
-    assert len(traces) - traced_before == 2 * len(BATCH_SIZES)
+    assert len(traces) - traced_before == len(BATCH_SIZES)
 
 
 def test_a_fresh_process_loads_the_artifact_without_flax_or_model_code(exported, tmp_path):

@@ -47,6 +47,17 @@ def predict(url: str, name: str, inputs: Any, *, version: int | None = None, tim
     return payload
 
 
+def metrics(url: str, *, timeout: float = 60.0) -> dict:
+    """The server's /metrics: request counts, latency percentiles, batch sizes."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        connection.request("GET", "/metrics")
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
 def load_test(url: str, name: str, rows: np.ndarray, *, clients: int, requests_each: int,
               timeout: float = 60.0) -> dict[str, Any]:
     """`clients` concurrent clients each send `requests_each` one-row requests (row i % len(rows)).
