@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from jax import export as jax_export
 
+import stacklib
 from stacklib.checkpoint import atomic, tree_files
 
 FORMAT = "stacklib.serve.artifact/1"
@@ -121,6 +122,7 @@ def export(fn: Callable, params: Any, example_args: Sequence[Any], directory: st
         "platforms": list(exported.platforms),
         "vjp_order": vjp_order,
         "versions": {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"),
+                     "stacklib": stacklib.__version__,
                      "python": platform_lib.python_version(),
                      "calling_convention": exported.calling_convention_version},
         "metadata": metadata or {},
