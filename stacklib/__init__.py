@@ -8,7 +8,7 @@ the subset and the differences), so the same user code runs against both:
 
 Layers (a module imports only from layers below it):
   0  hw, grading, transforms
-  1  nn, optim, data, checkpoint, compile, profile
+  1  nn, optim, data, checkpoint, compile, profile, http
   2  parallel, kernels, quant
   3  llm
   4  align, infer, serve
