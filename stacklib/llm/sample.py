@@ -86,8 +86,9 @@ def generate(model: Transformer, prompt, max_new_tokens: int, *, temperature: fl
     if total > limit:
         raise ValueError(
             f"prompt ({T0} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
-            f"model's max_seq_len={limit}. Shorten the prompt to its last {limit - max_new_tokens} "
-            "tokens or ask for fewer new tokens."
+            f"model's max_seq_len={limit}. Keep prompt + new tokens within {limit}: e.g. "
+            f"max_new_tokens={max(limit - T0, 0)}, or the prompt's last "
+            f"{max(limit - max_new_tokens, 0)} tokens."
         )
     if temperature > 0 and key is None:
         raise ValueError("Sampling (temperature > 0) needs key=jax.random.key(seed).")
