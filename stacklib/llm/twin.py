@@ -95,7 +95,9 @@ class Transformer(nnx.Module):
 def copy_params(ours: stacklib.nn.State, config: Config) -> tuple[nnx.GraphDef, nnx.State]:
     """The twin's (graphdef, params) holding exactly our weights, matched by path."""
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
-    nnx.replace_by_pure_dict(params, jax.tree.map(jnp.asarray, stacklib.nn.to_pure_dict(ours)))
+    # Copies, not views: our train step donates its buffers, which must not delete the twin's.
+    copied = jax.tree.map(lambda x: jnp.array(x, copy=True), stacklib.nn.to_pure_dict(ours))
+    nnx.replace_by_pure_dict(params, copied)
     return graphdef, params
 
 
