@@ -3,9 +3,10 @@
     python -m stacklib.llm.train stacklib/llm/configs/base.yml steps=300 d_model=128
 
     from stacklib import llm
+    from stacklib.llm import train
     config = llm.load_config(None, "steps=300")          # configs/base.yml + overrides
-    result = llm.train.train(config)                      # metrics, checkpoints, goodput
-    text = llm.generate(result.model, prompt, 100)        # greedy, with a KV cache
+    result = train.train(config)                          # metrics, checkpoints, goodput
+    ids = llm.generate(result.model, prompt_ids, 100)     # greedy, with a KV cache
     model, tokenizer = llm.pretrained("stdlib-bytes")     # trained once, cached
 
 The pieces, one file each:
@@ -23,17 +24,25 @@ Layer 3: it imports nn, optim, data, checkpoint, compile, profile (layer 1) and
 parallel (layer 2). Each file's docstring says how it differs from MaxText.
 """
 
-from stacklib.llm import train  # the module: train.train(config), train.SHARDING_RULES, ...
 from stacklib.llm.config import Config, ConfigError, load_config
 from stacklib.llm.flops import StepFlops, matmul_params, training_flops
 from stacklib.llm.model import KVCache, Transformer, count_params
 from stacklib.llm.sample import generate
 from stacklib.llm.tokenizer import ByteTokenizer
-from stacklib.llm.train import ArchitectureMismatchError, TrainResult
-from stacklib.llm.zoo import pretrained
+
+
+def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
+    """`stacklib.llm.zoo.pretrained`: a trained model and its tokenizer, trained once and cached.
+
+    Imported on first use, so that `python -m stacklib.llm.train` does not find its own
+    module already imported by the package (runpy warns about that).
+    """
+    from stacklib.llm import zoo
+
+    return zoo.pretrained(name)
+
 
 __all__ = [
-    "ArchitectureMismatchError", "ByteTokenizer", "Config", "ConfigError", "KVCache", "StepFlops",
-    "TrainResult", "Transformer", "count_params", "generate", "load_config", "matmul_params",
-    "pretrained", "train", "training_flops",
+    "ByteTokenizer", "Config", "ConfigError", "KVCache", "StepFlops", "Transformer", "count_params",
+    "generate", "load_config", "matmul_params", "pretrained", "training_flops",
 ]

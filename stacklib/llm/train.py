@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     path = argv.pop(0) if argv and "=" not in argv[0] else None
     config = load_config(path, *argv)
-    result = train(config, log=lambda r: None)
+    result = train(config)
     last = result.history[-1] if result.history else {}
     summary = {
         "steps": config.steps, "final_loss": last.get("loss"),
