@@ -167,6 +167,16 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "gpu": {"batch": 4, "seq": 4096, "heads": 16, "head_dim": 128, "repeats": 10},
         "tpu": {"batch": 4, "seq": 4096, "heads": 16, "head_dim": 128, "repeats": 10},
     },
+    # Chapter 12: the language model trained on the standard library's source (stacklib.llm
+    # config overrides). CPU: ~0.15 M parameters in well under a minute; accelerators: ~25 M.
+    "llm_train": {
+        "cpu": {"d_model": 64, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "d_ff": 192,
+                "seq_len": 64, "batch_size": 16, "steps": 300, "checkpoint_every": 25},
+        "gpu": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 64, "d_ff": 1536,
+                "seq_len": 512, "batch_size": 64, "steps": 2000, "checkpoint_every": 250},
+        "tpu": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 64, "d_ff": 1536,
+                "seq_len": 512, "batch_size": 64, "steps": 2000, "checkpoint_every": 250},
+    },
 }
 
 

@@ -1,0 +1,48 @@
+"""stacklib.llm: a small language model trainer, like MaxText, from the book's own parts.
+
+    python -m stacklib.llm.train stacklib/llm/configs/base.yml steps=300 d_model=128
+
+    from stacklib import llm
+    from stacklib.llm import train
+    config = llm.load_config(None, "steps=300")          # configs/base.yml + overrides
+    result = train.train(config)                          # metrics, checkpoints, goodput
+    ids = llm.generate(result.model, prompt_ids, 100)     # greedy, with a KV cache
+    model, tokenizer = llm.pretrained("stdlib-bytes")     # trained once, cached
+
+The pieces, one file each:
+  config.py     Config (one dataclass), configs/base.yml, key=value overrides, checks
+  model.py      Transformer: embedding, RoPE, RMSNorm, GQA causal attention, SwiGLU; KVCache
+  tokenizer.py  ByteTokenizer: one token per UTF-8 byte
+  data.py       the Python standard library's source: split by file, packed, shuffled
+  train.py      the sharded, checkpointed training loop; MFU and goodput per step
+  flops.py      FLOPs of a training step by hand: 6N plus attention, both causal conventions
+  sample.py     generate: greedy or temperature, with or without a KV cache
+  zoo.py        pretrained(name): train once, cache under $STACKLIB_CACHE, safe in parallel
+  twin.py       the same model and step in flax.nnx + optax, for parity tests and benchmarks
+
+Layer 3: it imports nn, optim, data, checkpoint, compile, profile (layer 1) and
+parallel (layer 2). Each file's docstring says how it differs from MaxText.
+"""
+
+from stacklib.llm.config import Config, ConfigError, load_config
+from stacklib.llm.flops import StepFlops, matmul_params, training_flops
+from stacklib.llm.model import KVCache, Transformer, count_params
+from stacklib.llm.sample import generate
+from stacklib.llm.tokenizer import ByteTokenizer
+
+
+def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
+    """`stacklib.llm.zoo.pretrained`: a trained model and its tokenizer, trained once and cached.
+
+    Imported on first use, so that `python -m stacklib.llm.train` does not find its own
+    module already imported by the package (runpy warns about that).
+    """
+    from stacklib.llm import zoo
+
+    return zoo.pretrained(name)
+
+
+__all__ = [
+    "ByteTokenizer", "Config", "ConfigError", "KVCache", "StepFlops", "Transformer", "count_params",
+    "generate", "load_config", "matmul_params", "pretrained", "training_flops",
+]

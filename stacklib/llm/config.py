@@ -1,0 +1,257 @@
+"""One configuration for a training run: a dataclass, a YAML base file, `key=value` overrides.
+
+Mirrors MaxText's configuration (`MaxText/configs/base.yml` plus command-line overrides,
+`python -m MaxText.train MaxText/configs/base.yml steps=300 per_device_batch_size=8`):
+one flat file names every setting, and a run changes a few of them on the command line.
+
+    config = load_config("stacklib/llm/configs/base.yml", "steps=300", "d_model=128")
+    config = config.replace(n_layers=2)      # in code, a frozen dataclass
+
+What MaxText's pyconfig checks, this module checks too, before anything is built: a key
+that does not exist (a typo would otherwise silently train the default), a value of the
+wrong type, and settings that cannot work together (heads that do not divide the mesh, a
+sequence longer than the model's maximum). Each error names the setting and the fix.
+
+Differences from MaxText: a single dataclass with ~40 keys instead of several hundred;
+no derived "base_" scaling keys, no per-model YAML inheritance (`model_name=`), no
+environment-variable overrides; the global batch is `batch_size`, not
+`per_device_batch_size` times the device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import pathlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
+
+ATTENTION_CHOICES = ("dense", "causal_blocks")
+
+
+class ConfigError(ValueError):
+    """A configuration key, value or combination that cannot work; the message says the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of a run; see `configs/base.yml` for what each one means."""
+
+    # Model
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    d_ff: int = 384
+    max_seq_len: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    attention: str = "dense"
+    attention_block: int = 32
+    remat: bool = False
+    # Data
+    seq_len: int = 128
+    batch_size: int = 16
+    heldout_percent: int = 5
+    max_corpus_bytes: int = 0
+    data_seed: int = 0
+    # Optimizer
+    steps: int = 300
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    end_learning_rate_fraction: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    clip_norm: float = 1.0
+    seed: int = 0
+    # Mesh
+    data_parallelism: int = 1
+    fsdp_parallelism: int = 1
+    tensor_parallelism: int = 1
+    # Checkpoints and logs
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 100
+    max_to_keep: int = 2
+    async_checkpointing: bool = True
+    metrics_file: str = ""
+    eval_every: int = 0
+    eval_batches: int = 4
+    peak_flops: float = 0.0
+    progress: bool = True
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            expected = _TYPES[field.name]
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, field.name, float(value))  # `lr: 1` means 1.0
+            elif not _is_type(value, expected):
+                raise ConfigError(
+                    f"{field.name}={value!r} has type {type(value).__name__}; it must be "
+                    f"{expected.__name__} (default {field.default!r})."
+                )
+        _check(self)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some settings changed (unknown names are refused, as in `load_config`)."""
+        _check_keys(changes)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """(data, fsdp, tensor): the device mesh this config trains on."""
+        return (self.data_parallelism, self.fsdp_parallelism, self.tensor_parallelism)
+
+
+MODEL_KEYS = (
+    "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+    "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings",
+)
+"""The settings that decide the parameters' shapes and meaning: a checkpoint fits only a
+model with the same values. (`attention`, `remat` change how it is computed, not what.)"""
+
+_TYPES: dict[str, type] = {field.name: type(field.default) for field in dataclasses.fields(Config)}
+
+
+def _is_type(value: Any, expected: type) -> bool:
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _check_keys(keys: Iterable[str]) -> None:
+    for key in keys:
+        if key not in _TYPES:
+            close = difflib.get_close_matches(key, _TYPES, n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"Unknown config key {key!r}.{hint} Valid keys: {', '.join(_TYPES)}."
+            )
+
+
+def _check(c: Config) -> None:
+    """Settings that are each fine but cannot work together."""
+    positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+                "max_seq_len", "seq_len", "batch_size", "steps", "attention_block",
+                "data_parallelism", "fsdp_parallelism", "tensor_parallelism", "checkpoint_every",
+                "max_to_keep")
+    for name in positive:
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name}={getattr(c, name)} must be at least 1.")
+    if c.attention not in ATTENTION_CHOICES:
+        raise ConfigError(f"attention={c.attention!r} is not one of {', '.join(ATTENTION_CHOICES)}.")
+    if c.head_dim % 2:
+        raise ConfigError(f"head_dim={c.head_dim} must be even: RoPE rotates pairs of features.")
+    if c.n_heads % c.n_kv_heads:
+        raise ConfigError(
+            f"n_heads={c.n_heads} is not a multiple of n_kv_heads={c.n_kv_heads}: in grouped-query "
+            "attention each key/value head serves the same number of query heads. Choose n_kv_heads "
+            f"among {[k for k in range(1, c.n_heads + 1) if c.n_heads % k == 0]}."
+        )
+    if c.seq_len > c.max_seq_len:
+        raise ConfigError(
+            f"seq_len={c.seq_len} is longer than the model's max_seq_len={c.max_seq_len}. "
+            f"Set seq_len<={c.max_seq_len}, or max_seq_len>={c.seq_len} (a new model)."
+        )
+    if c.attention == "causal_blocks" and c.seq_len % c.attention_block:
+        raise ConfigError(
+            f"seq_len={c.seq_len} is not a multiple of attention_block={c.attention_block}; "
+            "choose a block size that divides the sequence."
+        )
+    if c.eval_batches < 0 or c.eval_every < 0:
+        raise ConfigError(f"eval_batches={c.eval_batches} and eval_every={c.eval_every} must be >= 0.")
+    if not 0 <= c.heldout_percent < 100:
+        raise ConfigError(f"heldout_percent={c.heldout_percent} must be in [0, 100).")
+    batch_shards = c.data_parallelism * c.fsdp_parallelism
+    if c.batch_size % batch_shards:
+        raise ConfigError(
+            f"batch_size={c.batch_size} does not divide over data_parallelism * fsdp_parallelism = "
+            f"{c.data_parallelism} * {c.fsdp_parallelism} = {batch_shards} devices. Make batch_size "
+            f"a multiple of {batch_shards} (e.g. {batch_shards * max(1, c.batch_size // batch_shards)})."
+        )
+    for name in ("n_heads", "n_kv_heads", "d_ff", "vocab_size"):
+        if getattr(c, name) % c.tensor_parallelism:
+            raise ConfigError(
+                f"{name}={getattr(c, name)} does not divide over tensor_parallelism="
+                f"{c.tensor_parallelism}: tensor parallelism gives each device whole heads and equal "
+                f"shares of the MLP and the vocabulary. Choose tensor_parallelism dividing {name}."
+            )
+    if c.d_model % c.fsdp_parallelism:
+        raise ConfigError(
+            f"d_model={c.d_model} does not divide over fsdp_parallelism={c.fsdp_parallelism}: FSDP "
+            "splits every weight along its d_model axis. Choose fsdp_parallelism dividing d_model."
+        )
+
+
+def _parse_value(key: str, text: str) -> Any:
+    """A command-line value, read as YAML would read it (`true`, `3`, `0.1`, `dense`)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{key}={text!r}: cannot read the value ({error}).") from None
+    if value is None:
+        value = ""  # `checkpoint_dir=` means the empty string
+    if _TYPES[key] is str and not isinstance(value, str):
+        value = text  # `metrics_file=123` is a name, not a number
+    return _yaml_float(key, value)
+
+
+def _yaml_float(key: str, value: Any) -> Any:
+    """YAML 1.1 reads `1e-3` (no dot) as a string; a float setting takes it as the number."""
+    if _TYPES.get(key) is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """`["steps=300", "remat=true"]` -> `{"steps": 300, "remat": True}`, keys checked."""
+    parsed = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"Override {item!r} is not of the form key=value, e.g. steps=300.")
+        _check_keys([key])
+        parsed[key] = _parse_value(key, text)
+    return parsed
+
+
+def load_config(path: str | pathlib.Path | None = None, *overrides: str,
+                **changes: Any) -> Config:
+    """The config in the YAML file `path` (default: the base file), with overrides applied.
+
+    Args:
+      path: a flat YAML file of `key: value` lines; every key must be a `Config` field.
+      *overrides: `"key=value"` strings, as on the command line; later ones win.
+      **changes: the same, as Python values (`load_config(steps=10)`).
+
+    Returns:
+      A validated, frozen `Config`.
+
+    Raises:
+      ConfigError: an unknown key (the message lists the valid ones), a value of the
+        wrong type, or settings that cannot work together.
+    """
+    path = pathlib.Path(path) if path is not None else BASE_CONFIG
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{path} must hold flat `key: value` lines, got a {type(values).__name__}.")
+    _check_keys(values)
+    values = {key: ("" if value is None else _yaml_float(key, value)) for key, value in values.items()}
+    values.update(parse_overrides(overrides))
+    _check_keys(changes)
+    values.update(changes)
+    return Config(**values)

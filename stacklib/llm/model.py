@@ -1,0 +1,312 @@
+"""A decoder-only transformer language model, built with `stacklib.nn` (chapter 02).
+
+The architecture is Llama's, which most open models share (and MaxText's default
+decoder): token embedding -> n_layers x [RMSNorm -> grouped-query causal attention with
+RoPE -> residual; RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> logits. No biases,
+no dropout, no learned positions.
+
+Parameters are named as in Hugging Face's Llama checkpoints, with flax's layouts
+(`kernel` stored `(in, out)`, the transpose of PyTorch's `weight`):
+
+    embed_tokens/embedding                   (vocab, d_model)
+    layers/{i}/input_layernorm/scale         (d_model,)
+    layers/{i}/self_attn/q_proj/kernel       (d_model, n_heads * head_dim)
+    layers/{i}/self_attn/k_proj/kernel       (d_model, n_kv_heads * head_dim)   and v_proj
+    layers/{i}/self_attn/o_proj/kernel       (n_heads * head_dim, d_model)
+    layers/{i}/post_attention_layernorm/scale
+    layers/{i}/mlp/gate_proj/kernel          (d_model, d_ff)                     and up_proj
+    layers/{i}/mlp/down_proj/kernel          (d_ff, d_model)
+    norm/scale                               (d_model,)
+    lm_head/kernel                           (d_model, vocab)  (absent with tie_embeddings)
+
+so converting a real Llama checkpoint is a rename and a transpose. Each weight also
+carries logical axis names (`nnx.with_partitioning`), which `stacklib.parallel` maps to
+mesh axes with `SHARDING_RULES` (train.py).
+
+The forward pass takes explicit `positions` and an optional `KVCache`, so the same
+code trains on packed sequences, pre-fills a prompt, and decodes one token at a time
+(chapter 14's engine builds on it):
+
+    logits = model(tokens)                                    # training: (B, T, vocab)
+    logits, cache = model(prompt, positions, cache=cache)     # prefill
+    logits, cache = model(next_token, positions, cache=cache) # decode: T == 1
+
+References: Touvron et al. 2023 (Llama), Su et al. 2021 (RoPE), Ainslie et al. 2023
+(GQA), Shazeer 2020 (SwiGLU); nanoGPT's model.py for the shape of this file.
+
+Differences from MaxText's decoder: no scanned layers (a Python loop over a list, so the
+parameter paths read like a checkpoint's; compile time grows with depth), remat of
+whole layers only (no policies), no segment ids (attention runs across the document
+boundaries inside a packed sequence, as in nanoGPT), no dropout, no MoE.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import stacklib.nn as nnx
+from stacklib.llm.config import Config
+
+init = nnx.initializers
+
+
+def _partitioned(initializer: Any, *names: str) -> Any:
+    return nnx.with_partitioning(initializer, names)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer for the positions seen so far.
+
+    `k[i, b, j]` holds layer i's key for sequence b at position j (slot j is position j),
+    so a forward with positions p writes slots p and attends to slots <= p.
+    Shapes: `(n_layers, batch, max_len, n_kv_heads, head_dim)` for both.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @classmethod
+    def zeros(cls, config: Config, batch: int, max_len: int | None = None,
+              dtype: Any = jnp.float32) -> KVCache:
+        """An empty cache for `batch` sequences of up to `max_len` (default max_seq_len) tokens."""
+        max_len = max_len or config.max_seq_len
+        if max_len > config.max_seq_len:
+            raise ValueError(
+                f"A cache of max_len={max_len} exceeds the model's max_seq_len={config.max_seq_len}; "
+                f"use max_len<={config.max_seq_len}."
+            )
+        shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of RoPE's rotation angles, each `(*positions.shape, head_dim // 2)`.
+
+    Pair i of a head's features turns by `position * theta ** (-2i / head_dim)`: fast
+    rotations for the first pairs, slow ones for the last.
+    """
+    inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # (D/2,)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (..., D/2)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate feature pairs (j, j + D/2) of `x` (B, T, heads, D) by the angles (B, T, D/2).
+
+    The "rotate half" pairing of Hugging Face's Llama (GPT-NeoX style); Meta's original
+    code pairs adjacent features (2j, 2j+1), which is the same up to a permutation of
+    the q/k projection's columns.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # (B, T, heads, D/2) each
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B, T, 1, D/2): the same angle for every head
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def causal_mask(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """True where a query may attend to a key: the key's position is not after the query's.
+
+    Args: q_positions (B, T), k_positions (B, S). Returns (B, T, S) booleans.
+    """
+    return k_positions[:, None, :] <= q_positions[:, :, None]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention: softmax(q k^T / sqrt(D) where mask) v.
+
+    Args:
+      q: (B, T, H, D) queries; k, v: (B, S, K, D) with K dividing H. Query head h uses
+        key/value head h // (H / K): the H heads are K groups of G = H / K.
+      mask: (B, T, S) booleans, False where a query may not look.
+
+    Returns:
+      (B, T, H, D). Scores and softmax in float32 whatever the inputs' dtype.
+    """
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, D)  # (B, T, K, G, D): group the query heads by their kv head
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)  # (B, K, G, T, S)
+    scores = scores / jnp.sqrt(jnp.float32(D))
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", weights, v)  # (B, T, K, G, D)
+    return out.reshape(B, T, H, D)  # (B, T, H, D): heads back in query order
+
+
+def attend_causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                         block: int) -> jax.Array:
+    """`attend` with a causal mask, skipping the key blocks that lie wholly in the future.
+
+    Query block i (rows iC..iC+C-1) can only see keys 0..iC+C-1, so it is computed
+    against those keys alone: the masked upper triangle is (almost) never multiplied,
+    about halving attention's FLOPs, which is what a causal flash-attention kernel
+    does. Needs positions that do not decrease along the sequence (arange, as in
+    training); the result equals `attend` with `causal_mask` to float32 rounding.
+    """
+    T = q.shape[1]
+    outputs = []
+    for start in range(0, T, block):
+        end = min(start + block, T)
+        q_block, q_pos = q[:, start:end], positions[:, start:end]  # (B, C, H, D), (B, C)
+        mask = causal_mask(q_pos, positions[:, :end])  # (B, C, end)
+        outputs.append(attend(q_block, k[:, :end], v[:, :end], mask))
+    return jnp.concatenate(outputs, axis=1)  # (B, T, H, D)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE and an optional KV cache."""
+
+    def __init__(self, config: Config, *, rngs: nnx.Rngs):
+        d, h, kv, hd = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+        kernel = init.lecun_normal()
+        self.q_proj = nnx.Linear(d, h * hd, use_bias=False, rngs=rngs,
+                                 kernel_init=_partitioned(kernel, "embed", "q_heads"))
+        self.k_proj = nnx.Linear(d, kv * hd, use_bias=False, rngs=rngs,
+                                 kernel_init=_partitioned(kernel, "embed", "kv_heads"))
+        self.v_proj = nnx.Linear(d, kv * hd, use_bias=False, rngs=rngs,
+                                 kernel_init=_partitioned(kernel, "embed", "kv_heads"))
+        self.o_proj = nnx.Linear(h * hd, d, use_bias=False, rngs=rngs,
+                                 kernel_init=_partitioned(kernel, "q_heads", "embed"))
+        self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
+        self.attention, self.attention_block = config.attention, config.attention_block
+
+    def __call__(self, x, cos, sin, positions, kv_cache=None):
+        """x (B, T, d_model) -> (B, T, d_model), and the layer's updated (k, v) cache if given."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).reshape(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
+        v = self.v_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is not None:
+            # Write this call's keys/values at their positions, then attend over the whole
+            # cache; slots after a query's position are masked (empty or not).
+            k_cache, v_cache = kv_cache  # (B, S, K, D) each
+            rows = jnp.arange(B)[:, None]  # (B, 1), broadcast against positions (B, T)
+            k_cache = k_cache.at[rows, positions].set(k.astype(k_cache.dtype))
+            v_cache = v_cache.at[rows, positions].set(v.astype(v_cache.dtype))
+            slots = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (B, k_cache.shape[1]))  # (B, S)
+            out = attend(q, k_cache, v_cache, causal_mask(positions, slots))
+            kv_cache = (k_cache, v_cache)
+        elif self.attention == "causal_blocks":
+            out = attend_causal_blocks(q, k, v, positions, self.attention_block)
+        else:
+            out = attend(q, k, v, causal_mask(positions, positions))
+        out = out.reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*D): concatenate the heads
+        return self.o_proj(out), kv_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: Config, *, rngs: nnx.Rngs):
+        d, f = config.d_model, config.d_ff
+        kernel = init.lecun_normal()
+        self.gate_proj = nnx.Linear(d, f, use_bias=False, rngs=rngs,
+                                    kernel_init=_partitioned(kernel, "embed", "mlp"))
+        self.up_proj = nnx.Linear(d, f, use_bias=False, rngs=rngs,
+                                  kernel_init=_partitioned(kernel, "embed", "mlp"))
+        self.down_proj = nnx.Linear(f, d, use_bias=False, rngs=rngs,
+                                    kernel_init=_partitioned(kernel, "mlp", "embed"))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(nnx.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _norm(config: Config, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    return nnx.RMSNorm(config.d_model, epsilon=config.norm_eps, rngs=rngs,
+                       scale_init=_partitioned(init.ones, "norm"))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: Config, *, rngs: nnx.Rngs):
+        self.input_layernorm = _norm(config, rngs)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = _norm(config, rngs)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x, cos, sin, positions, kv_cache=None):
+        attn_out, kv_cache = self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, kv_cache
+
+
+def _layer_forward(layer: DecoderLayer, x, cos, sin, positions):
+    return layer(x, cos, sin, positions)[0]
+
+
+# Recompute a layer's activations in the backward pass instead of keeping them: memory
+# for compute (about one more forward). The layer is a pytree (stacklib.nn modules are),
+# so jax.checkpoint can take it as an argument.
+_layer_forward_remat = jax.checkpoint(_layer_forward)
+
+
+class Transformer(nnx.Module):
+    """The language model: tokens (B, T) -> logits (B, T, vocab_size)."""
+
+    def __init__(self, config: Config, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.d_model, rngs=rngs,
+            embedding_init=_partitioned(nnx.linear.default_embed_init, "vocab", "embed"))
+        self.layers = [DecoderLayer(config, rngs=rngs) for _ in range(config.n_layers)]
+        self.norm = _norm(config, rngs)
+        if not config.tie_embeddings:
+            self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False, rngs=rngs,
+                                      kernel_init=_partitioned(init.lecun_normal(), "embed", "vocab"))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+                 cache: KVCache | None = None):
+        """Logits for every position; with a cache, also the cache with these positions written.
+
+        Args:
+          tokens: (B, T) integer ids.
+          positions: (B, T) position of each token (default 0..T-1 in every row).
+          cache: a `KVCache` to read and extend (prefill with T > 1, decode with T == 1).
+
+        Returns:
+          logits (B, T, vocab) in float32, or `(logits, cache)` when a cache is given.
+
+        Raises:
+          ValueError: T is longer than the model's `max_seq_len`.
+        """
+        B, T = tokens.shape
+        if T > self.config.max_seq_len:
+            raise ValueError(
+                f"A sequence of {T} tokens is longer than the model's max_seq_len="
+                f"{self.config.max_seq_len}. Cut the input to its last {self.config.max_seq_len} "
+                "tokens, or train a model with a larger max_seq_len."
+            )
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))  # (B, T)
+        cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (B, T, D/2)
+        x = self.embed_tokens(tokens)  # (B, T, d_model)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            if cache is not None:
+                x, (k, v) = layer(x, cos, sin, positions, (cache.k[i], cache.v[i]))
+                new_k.append(k)
+                new_v.append(v)
+            elif self.config.remat:
+                x = _layer_forward_remat(layer, x, cos, sin, positions)
+            else:
+                x = _layer_forward(layer, x, cos, sin, positions)
+        x = self.norm(x)
+        if self.config.tie_embeddings:
+            logits = self.embed_tokens.attend(x)  # (B, T, vocab): x @ embedding.T
+        else:
+            logits = self.lm_head(x)  # (B, T, vocab)
+        logits = logits.astype(jnp.float32)
+        if cache is None:
+            return logits
+        return logits, KVCache(jnp.stack(new_k), jnp.stack(new_v))  # (L, B, S, K, D) each
+
+
+def count_params(params: Any) -> int:
+    """Number of parameters in a state (or any pytree of arrays)."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -1,0 +1,437 @@
+"""The training loop: a config in, a trained model, checkpoints and metrics out.
+
+    python -m stacklib.llm.train stacklib/llm/configs/base.yml steps=300 d_model=128
+
+Every part comes from an earlier chapter, imported under the real library's name:
+
+    import stacklib.nn as nnx              # chapter 02: the model (model.py)
+    import stacklib.optim as optax         # chapter 03: AdamW, warmup-cosine, clipping
+    import stacklib.data as grain          # chapter 04: the input pipeline (data.py)
+    import stacklib.checkpoint as ocp      # chapter 05: async, keep-N, with the data iterator
+    from stacklib import compile           # chapter 06: the step's FLOPs, counted from its jaxpr
+    from stacklib import parallel          # chapter 07: mesh, logical-axis rules
+    from stacklib import profile           # chapter 08: the measured matmul peak, MFU
+
+What a step does: `nnx.merge` the model inside `jax.jit`, compute the mean next-token
+cross-entropy, its gradient, one optimizer update; the whole step is compiled ahead of
+time (`jit(...).lower(...).compile()`) on a `(data, fsdp, tensor)` mesh with the
+parameters, optimizer state and batch placed by `SHARDING_RULES`, so the compile time
+is measured on its own.
+
+The loop records, per step, one JSON line: loss, tokens/s, step time, MFU (the step's
+FLOPs over step time times the measured peak) and the running goodput. Goodput is the
+share of wall time spent in training steps; the rest is itemised (`Goodput`): compile,
+checkpoint (saving blocks only for the snapshot; restoring; the final wait), input
+(waiting for the next batch), eval, init, and other (logging, the progress bar).
+
+Mirrors MaxText's `train.py` (config-driven loop, logical-axis sharding, per-step MFU
+and TFLOP/s logs, a goodput recorder). Differences: one process; goodput is computed
+locally from timers, not from MaxText's cloud-logging goodput package; no gradient
+accumulation, profiler hooks or TensorBoard (the JSON lines are plotted in chapter 12).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+
+import stacklib.checkpoint as ocp
+import stacklib.nn as nnx
+import stacklib.optim as optax
+from stacklib import compile as compile_tools
+from stacklib import parallel, profile
+from stacklib.llm import data
+from stacklib.llm.config import MODEL_KEYS, Config, ConfigError, load_config
+from stacklib.llm.model import Transformer
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axes (MaxText's logical_axis_rules, abridged). The batch is split
+# over data and fsdp; FSDP also splits every weight along d_model ("embed"); tensor
+# parallelism splits heads, the MLP's hidden units and the vocabulary.
+SHARDING_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+)
+
+
+class ArchitectureMismatchError(ValueError):
+    """A checkpoint was written by a model with other shapes than the one configured."""
+
+
+# -- building blocks -----------------------------------------------------------------------
+
+def make_model(config: Config) -> Transformer:
+    return Transformer(config, rngs=nnx.Rngs(params=config.seed))
+
+
+def learning_rate_schedule(config: Config, optax_module: Any = optax) -> Callable:
+    """Linear warmup to `learning_rate`, then cosine decay to `end_learning_rate_fraction` of it."""
+    return optax_module.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=config.learning_rate,
+        warmup_steps=min(config.warmup_steps, config.steps - 1), decay_steps=config.steps,
+        end_value=config.learning_rate * config.end_learning_rate_fraction)
+
+
+def decay_mask(params: Any) -> Any:
+    """Weight decay on matrices only: norms' scales (1-D) are not decayed."""
+    return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def make_optimizer(config: Config, optax_module: Any = optax) -> Any:
+    """Clip the global gradient norm, then AdamW on the warmup-cosine schedule.
+
+    `optax_module` lets the flax+optax twin (twin.py) build the same optimizer from the
+    real optax: the call is identical, which is the book's drop-in principle.
+    """
+    schedule = learning_rate_schedule(config, optax_module)
+    return optax_module.chain(
+        optax_module.clip_by_global_norm(config.clip_norm),
+        optax_module.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
+                           mask=decay_mask),
+    )
+
+
+def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of predicting `targets` (B, T) from `logits` (B, T, vocab), in nats."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+def make_loss_fn(graphdef: nnx.GraphDef) -> Callable:
+    """`loss(params, batch)` for a batch of (B, T + 1) token records."""
+
+    def loss_fn(params, batch):
+        inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, T) each: predict token t+1 from 0..t
+        return next_token_loss(nnx.merge(graphdef, params)(inputs), targets)
+
+    return loss_fn
+
+
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
+    """A pure step `(params, opt_state, batch) -> (params, opt_state, metrics)`, not jitted."""
+    loss_fn = make_loss_fn(graphdef)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    return train_step
+
+
+def make_mesh(config: Config) -> jax.sharding.Mesh:
+    """The (data, fsdp, tensor) mesh of `config`, with Auto axes (the compiler places activations).
+
+    Raises:
+      ConfigError: the mesh needs more devices than there are, naming the settings.
+    """
+    needed = int(np.prod(config.mesh_shape))
+    try:
+        return parallel.make_mesh(config.mesh_shape, MESH_AXES, (AxisType.Auto,) * 3)
+    except ValueError as error:
+        raise ConfigError(
+            f"data_parallelism * fsdp_parallelism * tensor_parallelism = {needed} devices, but "
+            f"this process has {len(jax.devices())}. Lower the mesh sizes, or simulate CPU devices "
+            f"with stacklib.hw.simulate_cpu_devices({needed}) before JAX starts. ({error})"
+        ) from None
+
+
+@dataclasses.dataclass
+class ShardedStep:
+    """A train step compiled for a mesh, with the shardings its inputs must have."""
+
+    compiled: Any  # jax.stages.Compiled
+    mesh: jax.sharding.Mesh
+    params_sharding: Any
+    opt_state_sharding: Any
+    batch_sharding: NamedSharding
+    compile_seconds: float
+
+    def __call__(self, params, opt_state, batch):
+        return self.compiled(params, opt_state, batch)
+
+    def place(self, params, opt_state):
+        return (jax.device_put(params, self.params_sharding),
+                jax.device_put(opt_state, self.opt_state_sharding))
+
+
+def compile_step(config: Config, graphdef, params, opt_state, tx, *, donate: bool = True) -> ShardedStep:
+    """Compile the train step ahead of time for `config`'s mesh and logical-axis rules."""
+    mesh = make_mesh(config)
+    params_sharding = parallel.get_named_sharding(params, mesh, SHARDING_RULES)
+    opt_state_sharding = parallel.get_named_sharding(opt_state, mesh, SHARDING_RULES)
+    batch_sharding = NamedSharding(mesh, parallel.logical_to_mesh_axes(("batch", None), SHARDING_RULES))
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    jitted = jax.jit(
+        make_train_step(graphdef, tx),
+        in_shardings=(params_sharding, opt_state_sharding, batch_sharding),
+        out_shardings=(params_sharding, opt_state_sharding, replicated),
+        donate_argnums=(0, 1) if donate else (),
+    )
+    batch = jax.ShapeDtypeStruct((config.batch_size, config.seq_len + 1), jnp.int32)
+    start = time.perf_counter()
+    compiled = jitted.lower(params, opt_state, batch).compile()
+    return ShardedStep(compiled, mesh, params_sharding, opt_state_sharding, batch_sharding,
+                       time.perf_counter() - start)
+
+
+def step_flops(config: Config, graphdef, params, opt_state, tx) -> float:
+    """FLOPs of one step counted by `stacklib.compile` (chapter 06) from the step's jaxpr."""
+    batch = jax.ShapeDtypeStruct((config.batch_size, config.seq_len + 1), jnp.int32)
+    return compile_tools.cost_analysis(make_train_step(graphdef, tx), params, opt_state, batch)["flops"]
+
+
+@functools.lru_cache(maxsize=1)
+def measured_peak_flops() -> float:
+    """This machine's float32 matmul peak (chapter 08's `measure_matmul_peak`), once per process."""
+    from stacklib import hw
+
+    return profile.measure_matmul_peak(hw.sizes("profile_peaks").matmul_n, repeats=5)
+
+
+def evaluate(loss_fn: Callable, params, batches: list[np.ndarray]) -> float:
+    """Mean loss (nats per byte) over held-out batches; bits per byte is this / ln 2.
+
+    `loss_fn` should be jitted once by the caller: a new `jax.jit` per evaluation compiles anew.
+    """
+    return float(np.mean([float(loss_fn(params, batch)) for batch in batches]))
+
+
+# -- goodput ------------------------------------------------------------------------------
+
+class Goodput:
+    """Wall time split into what it was spent on; goodput = step time / wall time.
+
+    MaxText's goodput recorder logs events (job start, step start, checkpoint, ...) to a
+    cloud logging service and computes the split afterwards; here the same categories are
+    timers in the process.
+    """
+
+    CATEGORIES = ("step", "compile", "checkpoint", "input", "eval", "init")
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.seconds = dict.fromkeys(self.CATEGORIES, 0.0)
+
+    @contextlib.contextmanager
+    def time(self, category: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[category] += time.perf_counter() - start
+
+    def add(self, category: str, seconds: float) -> None:
+        self.seconds[category] += seconds
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per category, plus `other` (the rest of the wall time) and `wall`."""
+        wall = self.wall()
+        result = dict(self.seconds)
+        result["other"] = max(0.0, wall - sum(self.seconds.values()))
+        result["wall"] = wall
+        return result
+
+    def goodput(self) -> float:
+        return self.seconds["step"] / self.wall()
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+def check_architecture(saved: dict, config: Config, where: str) -> None:
+    """Refuse a checkpoint whose model settings differ from `config`'s, naming them.
+
+    Raises:
+      ArchitectureMismatchError: with the differing settings and the override that fits.
+    """
+    different = {key: (saved.get(key), getattr(config, key)) for key in MODEL_KEYS
+                 if saved.get(key) != getattr(config, key)}
+    if different:
+        rows = ", ".join(f"{key}: checkpoint {old!r} vs config {new!r}"
+                         for key, (old, new) in different.items())
+        fix = " ".join(f"{key}={old}" for key, (old, _) in different.items())
+        raise ArchitectureMismatchError(
+            f"The checkpoint in {where} was written by a different architecture ({rows}). "
+            f"Train with the checkpoint's settings ({fix}), or use another checkpoint_dir."
+        )
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, params, opt_state, iterator,
+                    config: Config) -> None:
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+        data=ocp.args.JsonSave(iterator.get_state()),
+        config=ocp.args.JsonSave(config.to_dict())))
+
+
+def restore_checkpoint(manager: ocp.CheckpointManager, step: int, params, opt_state, config: Config):
+    """(params, opt_state, data iterator state) of `step`, after checking the architecture."""
+    saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    check_architecture(saved, config, str(manager.directory))
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}),
+        data=ocp.args.JsonRestore()))
+    return restored.state["params"], restored.state["opt_state"], restored.data
+
+
+# -- the loop -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` returns: the trained model's pieces and the run's records."""
+
+    config: Config
+    graphdef: nnx.GraphDef
+    params: Any
+    history: list[dict]  # one dict per step of this call (the JSON lines)
+    goodput: dict[str, float]  # seconds per category (see Goodput.breakdown)
+    eval_loss: float | None  # held-out nats per byte at the end (None if eval_batches=0)
+    flops_per_step: float
+    peak_flops: float
+    start_step: int  # 0, or the checkpoint step this call resumed from
+
+    @property
+    def model(self) -> Transformer:
+        return nnx.merge(self.graphdef, self.params)
+
+    @property
+    def losses(self) -> list[float]:
+        return [record["loss"] for record in self.history]
+
+
+def train(config: Config, *, root: str | None = None, stop_after: int | None = None,
+          log: Callable[[dict], None] | None = None) -> TrainResult:
+    """Train `config.steps` steps, resuming from `config.checkpoint_dir`'s latest step if any.
+
+    Args:
+      config: the run.
+      root: the corpus directory (default: this Python's standard library).
+      stop_after: return after this many steps of this call, as if the job were killed
+        (checkpoints already written are kept; for resumption tests).
+      log: called with each step's record.
+
+    Returns:
+      A `TrainResult`.
+
+    Raises:
+      ArchitectureMismatchError: `checkpoint_dir` holds a checkpoint of another model.
+      ConfigError: the mesh does not fit the devices.
+    """
+    clock = Goodput()
+    with clock.time("init"):
+        model = make_model(config)
+        graphdef, params = nnx.split(model, nnx.Param)
+        tx = make_optimizer(config)
+        opt_state = tx.init(params)
+        iterator = iter(data.train_dataset(config, root))
+        heldout = data.heldout_batches(config, root) if config.eval_batches else []
+        peak = config.peak_flops or measured_peak_flops()
+    manager, start = None, 0
+    if config.checkpoint_dir:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=config.max_to_keep, save_interval_steps=config.checkpoint_every,
+            save_on_steps=(config.steps,), enable_async_checkpointing=config.async_checkpointing)
+        manager = ocp.CheckpointManager(config.checkpoint_dir, options=options)
+        if manager.latest_step() is not None:
+            with clock.time("checkpoint"):
+                start = manager.latest_step()
+                params, opt_state, data_state = restore_checkpoint(manager, start, params, opt_state, config)
+                iterator.set_state(data_state)
+    with clock.time("compile"):  # after the restore: a wrong checkpoint fails before compiling
+        step_fn = compile_step(config, graphdef, params, opt_state, tx)
+        flops = step_flops(config, graphdef, params, opt_state, tx)
+    params, opt_state = step_fn.place(params, opt_state)
+    eval_loss_fn = jax.jit(make_loss_fn(graphdef))
+
+    metrics_file = open(config.metrics_file, "a") if config.metrics_file else None  # noqa: SIM115
+    history: list[dict] = []
+    last = config.steps if stop_after is None else min(config.steps, start + stop_after)
+    progress = _progress(range(start + 1, last + 1), config)
+    tokens = config.batch_size * config.seq_len
+    try:
+        for step in progress:
+            with clock.time("input"):
+                batch = jax.device_put(next(iterator), step_fn.batch_sharding)
+            began = time.perf_counter()
+            params, opt_state, metrics = step_fn(params, opt_state, batch)
+            loss = float(metrics["loss"])  # waits for the step to finish
+            seconds = time.perf_counter() - began
+            clock.add("step", seconds)
+            if manager is not None and manager.should_save(step):
+                with clock.time("checkpoint"):
+                    save_checkpoint(manager, step, params, opt_state, iterator, config)
+            record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
+                      "step_time": seconds, "tokens_per_s": tokens / seconds,
+                      "mfu": profile.mfu(flops, seconds, peak), "goodput": clock.goodput()}
+            if heldout and config.eval_every and step % config.eval_every == 0:
+                with clock.time("eval"):
+                    record["eval_loss"] = evaluate(eval_loss_fn, params, heldout)
+            history.append(record)
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+            if log is not None:
+                log(record)
+            if hasattr(progress, "set_postfix"):
+                progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if manager is not None:
+            with clock.time("checkpoint"):
+                manager.wait_until_finished()
+                manager.close()
+        eval_loss = None
+        if heldout:
+            with clock.time("eval"):
+                eval_loss = evaluate(eval_loss_fn, params, heldout)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+    breakdown = clock.breakdown()
+    return TrainResult(config, graphdef, params, history, breakdown, eval_loss, flops, peak, start)
+
+
+def _progress(steps: range, config: Config):
+    if not config.progress:
+        return steps
+    from tqdm.auto import tqdm
+
+    return tqdm(steps, desc="train", unit="step")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m stacklib.llm.train [config.yml] [key=value ...]`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    path = argv.pop(0) if argv and "=" not in argv[0] else None
+    config = load_config(path, *argv)
+    result = train(config)
+    last = result.history[-1] if result.history else {}
+    summary = {
+        "steps": config.steps, "final_loss": last.get("loss"),
+        "heldout_bits_per_byte": None if result.eval_loss is None else result.eval_loss / np.log(2),
+        "median_step_time": float(np.median([r["step_time"] for r in result.history[1:] or result.history])),
+        "mfu": float(np.median([r["mfu"] for r in result.history])),
+        "goodput": result.goodput["step"] / result.goodput["wall"],
+        "seconds": {key: round(value, 3) for key, value in result.goodput.items()},
+    }
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

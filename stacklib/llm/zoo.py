@@ -1,0 +1,151 @@
+"""A model zoo: `pretrained(name)` returns a trained model, training it once per machine.
+
+Chapters 13-15 start from a trained language model. Downloading one is not allowed (the
+book needs no network at run time) and training it in every notebook would cost a
+minute each, so the first call trains it deterministically with `train.py` and caches the
+parameters; later calls, in any process, load them in a second:
+
+    model, tokenizer = stacklib.llm.pretrained("stdlib-bytes")
+
+The cache is `$STACKLIB_CACHE/llm/<name>/` (default `~/.cache/stacklib/llm/<name>/`).
+Two things can go wrong with a cache, and both are handled:
+
+* **Two processes ask at once** (the test suite runs notebooks in parallel). An
+  exclusive lock on `<name>.lock` (`fcntl.flock`, released by the kernel if the process
+  dies) makes the second wait while the first trains; it then finds the model and loads
+  it. Training happens once.
+* **A partial or corrupt cache** (a process killed mid-write, a damaged file). The model
+  is written into a temporary directory and renamed into place only when complete (an
+  atomic commit, as in chapter 05), and every file carries a CRC-32 (stacklib.checkpoint).
+  A cache that fails to load for any reason (missing, checksum, other shapes) is deleted
+  and rebuilt, with a warning that says why.
+
+Mirrors the shape of `transformers.AutoModel.from_pretrained` (a name in, a model out,
+a local cache keyed by name, an environment variable to move it) with training in place
+of downloading. Differences: no hub, no revisions; the "weights" are a function of this
+library's code and this Python's standard library, so a cache is only valid on the
+machine that made it (copy it elsewhere at your own risk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pathlib
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+import stacklib.checkpoint as ocp
+import stacklib.nn as nnx
+from stacklib.llm import train
+from stacklib.llm.config import Config, load_config
+from stacklib.llm.model import Transformer
+from stacklib.llm.tokenizer import ByteTokenizer
+
+CACHE_ENV = "STACKLIB_CACHE"
+
+# name -> the settings that differ from configs/base.yml. Each trains in about a minute
+# on an idle 2-core CPU.
+ZOO: dict[str, dict[str, Any]] = {
+    "stdlib-bytes": dict(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192,
+                         seq_len=128, batch_size=16, steps=300, learning_rate=3e-3),
+}
+
+
+def register(name: str, **overrides: Any) -> None:
+    """Add a model to the zoo: `overrides` of the base config (checked now)."""
+    load_config(None, **{**overrides, "progress": False})
+    ZOO[name] = dict(overrides)
+
+
+def cache_dir() -> pathlib.Path:
+    """Where trained models are kept: `$STACKLIB_CACHE/llm`, default `~/.cache/stacklib/llm`."""
+    base = os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "stacklib"
+    return pathlib.Path(base) / "llm"
+
+
+def zoo_config(name: str) -> Config:
+    """The full config of zoo model `name`.
+
+    Raises:
+      KeyError: no such model; the message lists the zoo.
+    """
+    if name not in ZOO:
+        raise KeyError(f"No model {name!r} in the zoo; choose one of {sorted(ZOO)}, or "
+                       "stacklib.llm.zoo.register(name, **config_overrides) a new one.")
+    return load_config(None, **{**ZOO[name], "progress": False, "checkpoint_dir": "", "metrics_file": ""})
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks while another process holds it
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _abstract_params(config: Config) -> tuple[nnx.GraphDef, Any]:
+    """The graphdef and parameter shapes of `config`'s model, without initialising it."""
+    abstract = jax.eval_shape(lambda: train.make_model(config))
+    graphdef, params = nnx.split(abstract, nnx.Param)
+    return graphdef, params
+
+
+def _load(directory: pathlib.Path, config: Config) -> Transformer:
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{directory} holds no committed model")
+    saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    train.check_architecture(saved, config, str(directory))
+    graphdef, abstract = _abstract_params(config)
+    restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+    return nnx.merge(graphdef, restored.params)
+
+
+def _build(directory: pathlib.Path, config: Config) -> Transformer:
+    """Train, write into a temporary directory, then rename it into place (atomic commit)."""
+    result = train.train(config)
+    staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
+    manager = ocp.CheckpointManager(staging, options=ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=False))
+    manager.save(config.steps, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(result.params),
+        config=ocp.args.JsonSave(config.to_dict()),
+        metrics=ocp.args.JsonSave({"eval_loss": result.eval_loss, "losses": result.losses})))
+    manager.close()
+    os.replace(staging, directory)  # directory does not exist here: the rename is atomic
+    return result.model
+
+
+def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
+    """Zoo model `name` and its tokenizer, trained on the first call and cached after.
+
+    Safe to call from several processes at once: one trains, the others wait and load.
+
+    Raises:
+      KeyError: `name` is not in the zoo.
+    """
+    config = zoo_config(name)
+    root = cache_dir()
+    directory = root / name
+    with _exclusive(root / f"{name}.lock"):
+        for leftover in root.glob(f"{name}.partial-*"):  # from a process killed mid-write
+            shutil.rmtree(leftover, ignore_errors=True)
+        if directory.exists():
+            try:
+                return _load(directory, config), ByteTokenizer()
+            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
+                warnings.warn(f"The cached model {name!r} in {directory} cannot be loaded "
+                              f"({type(error).__name__}: {error}); training it again.", stacklevel=2)
+                shutil.rmtree(directory)
+        return _build(directory, config), ByteTokenizer()
