@@ -7,6 +7,7 @@ notifier swallows SIGTERM (PITFALLS.md).
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,17 +113,31 @@ def kill_all(processes):
             process.wait()
 
 
-@pytest.mark.slow
-def test_two_processes_train_like_one_and_write_one_checkpoint_that_one_process_resumes(tmp_path):
-    metrics, checkpoints = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+def launch_job(tmp_path, *extra):
+    """The tiny config as 2 processes x 2 devices; (losses from process 0's metrics file, results)."""
+    metrics = tmp_path / "metrics.jsonl"
+    processes = parallel.launch_local("stacklib.llm.train", 2, local_device_count=2, timeout_s=150,
+                                      args=[*ARGS, f"metrics_file={metrics}", *extra])
+    return [json.loads(line) for line in metrics.read_text().splitlines()], processes
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One 2-process run of 10 steps with checkpoints at 5 and 10, shared by the tests below."""
+    tmp_path = tmp_path_factory.mktemp("job")
+    checkpoints = tmp_path / "ckpt"
     began = time.monotonic()
-    processes = parallel.launch_local(
-        "stacklib.llm.train", 2, local_device_count=2, timeout_s=150,
-        args=[*ARGS, f"metrics_file={metrics}", f"checkpoint_dir={checkpoints}", "checkpoint_every=5",
-              "async_checkpointing=false"])
-    two_process_seconds = time.monotonic() - began
+    records, processes = launch_job(tmp_path, f"checkpoint_dir={checkpoints}", "checkpoint_every=5",
+                                    "async_checkpointing=false")
+    return {"records": records, "processes": processes, "checkpoints": checkpoints,
+            "seconds": time.monotonic() - began}
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_and_write_one_checkpoint_that_one_process_resumes(job, tmp_path):
+    processes, checkpoints, records = job["processes"], job["checkpoints"], job["records"]
+    two_process_seconds = job["seconds"]
     assert '"final_loss"' in processes[0].stdout and '"final_loss"' not in processes[1].stdout
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 11))  # process 0 only: not 20 lines
     two = [r["loss"] for r in records]
 
@@ -135,7 +150,7 @@ def test_two_processes_train_like_one_and_write_one_checkpoint_that_one_process_
     assert manager.all_steps() == [5, 10]
     resumed_dir = tmp_path / "resume"
     resumed_dir.mkdir()
-    os.rename(checkpoints / "5", resumed_dir / "5")  # the two processes' step 5, alone
+    shutil.copytree(checkpoints / "5", resumed_dir / "5")  # the two processes' step 5, alone
     resumed = train.train(tiny(checkpoint_dir=str(resumed_dir), async_checkpointing=False))
     assert resumed.start_step == 5 and [r["step"] for r in resumed.history] == [6, 7, 8, 9, 10]
     np.testing.assert_allclose(resumed.losses, two[5:], rtol=1e-5)  # the right batches, the same state
@@ -155,6 +170,15 @@ def test_two_processes_train_like_one_and_write_one_checkpoint_that_one_process_
     assert restored.data == {"next_index": 10}
     print(f"2x2 run {two_process_seconds:.1f} s; max relative loss difference vs 1x4 "
           f"{max(abs(a - b) / b for a, b in zip(two, one, strict=True)):.2e}")
+
+
+@pytest.mark.slow
+def test_a_restarted_two_process_job_resumes_bitwise_like_the_uninterrupted_one(job, tmp_path):
+    restart = tmp_path / "ckpt"
+    shutil.copytree(job["checkpoints"] / "5", restart / "5")  # the job died after step 5's save
+    records, _ = launch_job(tmp_path, f"checkpoint_dir={restart}", "checkpoint_every=5")
+    assert [r["step"] for r in records] == [6, 7, 8, 9, 10]
+    assert [r["loss"] for r in records] == [r["loss"] for r in job["records"][5:]]  # bit for bit
 
 
 @pytest.mark.slow

@@ -374,6 +374,8 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
         if manager.latest_step() is not None:
             with clock.time("checkpoint"):
                 start = manager.latest_step()
+                if processes > 1:  # restore to host arrays: device_put then keeps each process's shards
+                    params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
                 params, opt_state, data_state = restore_checkpoint(manager, start, params, opt_state, config)
                 iterator.set_state(data_state)
     with clock.time("compile"):  # after the restore: a wrong checkpoint fails before compiling
