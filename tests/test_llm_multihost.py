@@ -24,10 +24,11 @@ from stacklib import parallel
 from stacklib.llm import data, multihost, train
 from stacklib.llm.config import load_config
 
-# A tiny model on a 2 x 2 (data x fsdp) mesh: 4 devices, in 1 process or in 2 processes.
+# A tiny model, FSDP over 4 devices in 1 process or in 2: every weight is split across the
+# processes, so each process writes half of every array into the checkpoint.
 TINY = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64, seq_len=32,
             max_seq_len=32, batch_size=8, max_corpus_bytes=200_000, eval_batches=0, peak_flops=1e12,
-            progress=False, steps=10, data_parallelism=2, fsdp_parallelism=2)
+            progress=False, steps=10, data_parallelism=1, fsdp_parallelism=4)
 ARGS = [f"{key}={value}" for key, value in TINY.items()]
 
 
@@ -168,6 +169,8 @@ def test_two_processes_train_like_one_and_write_one_checkpoint_that_one_process_
     assert sorted((e["shape"], e["crc32"]) for e in written) == \
         sorted((e["shape"], e["crc32"]) for e in rewritten)
     assert restored.data == {"next_index": 10}
+    print("2 processes x 2 devices:", " ".join(f"{x:.8f}" for x in two))
+    print("1 process   x 4 devices:", " ".join(f"{x:.8f}" for x in one))
     print(f"2x2 run {two_process_seconds:.1f} s; max relative loss difference vs 1x4 "
           f"{max(abs(a - b) / b for a, b in zip(two, one, strict=True)):.2e}")
 
