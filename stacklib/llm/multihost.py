@@ -20,8 +20,9 @@ STACKLIB_INIT_TIMEOUT (seconds to wait for every process to join; default 60) an
 STACKLIB_HEARTBEAT_TIMEOUT (seconds without a heartbeat before the job is declared
 broken, and the longest wait for the others at exit; default 100, JAX's heartbeat).
 A coordinator that never answers, or a process count that does not match the job the
-coordinator formed, raises `DistributedInitError`; a process that dies makes JAX stop
-the others ("another task died") after the heartbeat timeout.
+coordinator formed, raises `DistributedInitError`. A process that dies makes JAX stop
+the others ("another task died"): after the heartbeat timeout, or at once when it was
+process 0 (the coordinator); a collective that fails first is raised as `PeerLostError`.
 
 After that the training loop is the one-process loop: `jax.devices()` lists every
 process's devices, so the mesh is global; each process feeds only its rows of a batch
