@@ -18,9 +18,16 @@ Mirrors a Grain pipeline as MaxText builds one (`MapDataset.source(...).shuffle(
 .repeat().batch(...)`); MaxText packs documents with `grain`'s packing transformations
 and segment ids, which we leave out (documents share a sequence, see model.py).
 
+Several processes (multihost.py): each reads only its own share of every global batch,
+as grain's `ShardOptions` / `ds[shard_index::shard_count]` do for MaxText. The slice is
+taken over *per-process batches* of the globally shuffled records, so process p's step-s
+rows are rows p*b..(p+1)*b-1 of the one-process run's step-s batch (b = batch_size / P):
+the global batch, its row order and the iterator state (`next_index` = steps taken) are
+the same whatever the number of processes.
+
 Differences from MaxText's input pipeline: the corpus is fixed (no TFDS/ArrayRecord
 files), packing concatenates documents into one stream instead of first-fit bins, and
-there is no per-host sharding of the records (one process).
+every process reads the (small) corpus itself; only the records it batches differ.
 """
 
 from __future__ import annotations
@@ -127,15 +134,27 @@ def streams(config: Config, root: str | None = None) -> tuple[np.ndarray, np.nda
             token_stream(heldout_files, root, limit * config.heldout_percent // 100 if limit else 0))
 
 
-def train_dataset(config: Config, root: str | None = None) -> grain.IterDataset:
-    """Shuffled batches of (batch_size, seq_len + 1) token records, forever.
+def train_dataset(config: Config, root: str | None = None, *, shard_index: int = 0,
+                  shard_count: int = 1) -> grain.IterDataset:
+    """Shuffled batches of (batch_size / shard_count, seq_len + 1) token records, forever.
 
-    Iterate it and save `iterator.get_state()` with the model; `set_state` resumes at
-    the same batch.
+    With `shard_count` processes, process `shard_index` gets its rows of each global
+    batch (see the module docstring); the defaults give the whole batch. Iterate it and
+    save `iterator.get_state()` with the model; `set_state` resumes at the same batch.
+
+    Raises:
+      ValueError: `batch_size` does not divide over `shard_count` processes.
     """
+    if config.batch_size % shard_count or not 0 <= shard_index < shard_count:
+        raise ValueError(
+            f"batch_size={config.batch_size} must split evenly over {shard_count} processes "
+            f"(and shard_index={shard_index} be below that); make batch_size a multiple of {shard_count}."
+        )
     records = PackedSequences(streams(config, root)[0], config.seq_len)
     dataset = (grain.MapDataset.source(records).shuffle(seed=config.data_seed).repeat()
-               .batch(config.batch_size, drop_remainder=True))
+               .batch(config.batch_size // shard_count, drop_remainder=True))
+    if shard_count > 1:
+        dataset = dataset[shard_index::shard_count]  # grain's ShardOptions, at batch granularity
     # No read-ahead threads: batches are tiny slices, and threads cost more than they save
     # on a 2-core machine (PITFALLS.md).
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=0))

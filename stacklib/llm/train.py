@@ -24,8 +24,13 @@ share of wall time spent in training steps; the rest is itemised (`Goodput`): co
 checkpoint (saving blocks only for the snapshot; restoring; the final wait), input
 (waiting for the next batch), eval, init, and other (logging, the progress bar).
 
+Several hosts: the same command runs once per host (multihost.py): `main` joins the
+job with `jax.distributed` from the environment, the mesh spans every process's
+devices, each process feeds its own rows of each batch, all write one checkpoint
+(process 0 commits it), and only process 0 writes metrics and the summary.
+
 Mirrors MaxText's `train.py` (config-driven loop, logical-axis sharding, per-step MFU
-and TFLOP/s logs, a goodput recorder). Differences: one process; goodput is computed
+and TFLOP/s logs, a goodput recorder). Differences: goodput is computed
 locally from timers, not from MaxText's cloud-logging goodput package; no gradient
 accumulation, profiler hooks or TensorBoard (the JSON lines are plotted in chapter 12).
 """
@@ -36,6 +41,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import pathlib
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +57,7 @@ import stacklib.nn as nnx
 import stacklib.optim as optax
 from stacklib import compile as compile_tools
 from stacklib import parallel, profile
-from stacklib.llm import data
+from stacklib.llm import data, multihost
 from stacklib.llm.config import MODEL_KEYS, Config, ConfigError, load_config
 from stacklib.llm.model import Transformer
 
@@ -142,6 +148,13 @@ def make_mesh(config: Config) -> jax.sharding.Mesh:
       ConfigError: the mesh needs more devices than there are, naming the settings.
     """
     needed = int(np.prod(config.mesh_shape))
+    if jax.process_count() > 1 and needed != jax.device_count():
+        raise ConfigError(
+            f"data_parallelism * fsdp_parallelism * tensor_parallelism = {needed}, but this job of "
+            f"{jax.process_count()} processes has {jax.device_count()} devices: with several processes the "
+            "mesh must span them all (every process must hold part of it). Make the product "
+            f"{jax.device_count()}."
+        )
     try:
         return parallel.make_mesh(config.mesh_shape, MESH_AXES, (AxisType.Auto,) * 3)
     except ValueError as error:
@@ -186,6 +199,9 @@ def compile_step(config: Config, graphdef, params, opt_state, tx, *, donate: boo
     )
     batch = jax.ShapeDtypeStruct((config.batch_size, config.seq_len + 1), jnp.int32)
     start = time.perf_counter()
+    # Arguments committed elsewhere (a restored checkpoint sits on one device) must be moved
+    # first: lowering refuses a committed argument whose sharding differs from in_shardings.
+    params, opt_state = jax.device_put((params, opt_state), (params_sharding, opt_state_sharding))
     compiled = jitted.lower(params, opt_state, batch).compile()
     return ShardedStep(compiled, mesh, params_sharding, opt_state_sharding, batch_sharding,
                        time.perf_counter() - start)
@@ -342,7 +358,9 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
         graphdef, params = nnx.split(model, nnx.Param)
         tx = make_optimizer(config)
         opt_state = tx.init(params)
-        iterator = iter(data.train_dataset(config, root))
+        processes = jax.process_count()
+        iterator = iter(data.train_dataset(config, root, shard_index=jax.process_index(),
+                                           shard_count=processes))
         heldout = data.heldout_batches(config, root) if config.eval_batches else []
         peak = config.peak_flops or measured_peak_flops()
     manager, start = None, 0
@@ -350,35 +368,48 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
         options = ocp.CheckpointManagerOptions(
             max_to_keep=config.max_to_keep, save_interval_steps=config.checkpoint_every,
             save_on_steps=(config.steps,), enable_async_checkpointing=config.async_checkpointing)
+        if processes > 1:  # every process opens the directory; none may race to create it
+            pathlib.Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         manager = ocp.CheckpointManager(config.checkpoint_dir, options=options)
         if manager.latest_step() is not None:
             with clock.time("checkpoint"):
                 start = manager.latest_step()
+                if processes > 1:  # restore to host arrays: device_put then keeps each process's shards
+                    params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
                 params, opt_state, data_state = restore_checkpoint(manager, start, params, opt_state, config)
                 iterator.set_state(data_state)
     with clock.time("compile"):  # after the restore: a wrong checkpoint fails before compiling
         step_fn = compile_step(config, graphdef, params, opt_state, tx)
         flops = step_flops(config, graphdef, params, opt_state, tx)
     params, opt_state = step_fn.place(params, opt_state)
-    eval_loss_fn = jax.jit(make_loss_fn(graphdef))
+    replicated = NamedSharding(step_fn.mesh, jax.sharding.PartitionSpec())
+    eval_loss_fn = jax.jit(make_loss_fn(graphdef), out_shardings=replicated)
+    heldout = [multihost.process_batch(multihost.process_rows(b), step_fn.batch_sharding) for b in heldout]
 
-    metrics_file = open(config.metrics_file, "a") if config.metrics_file else None  # noqa: SIM115
+    primary = multihost.is_primary()  # metrics, logs and the progress bar: process 0 only
+    metrics_file = open(config.metrics_file, "a") if config.metrics_file and primary else None  # noqa: SIM115
     history: list[dict] = []
     last = config.steps if stop_after is None else min(config.steps, start + stop_after)
-    progress = _progress(range(start + 1, last + 1), config)
+    progress = _progress(range(start + 1, last + 1), config if primary else config.replace(progress=False))
     tokens = config.batch_size * config.seq_len
     try:
         for step in progress:
             with clock.time("input"):
-                batch = jax.device_put(next(iterator), step_fn.batch_sharding)
+                batch = multihost.process_batch(next(iterator), step_fn.batch_sharding)
             began = time.perf_counter()
             params, opt_state, metrics = step_fn(params, opt_state, batch)
-            loss = float(metrics["loss"])  # waits for the step to finish
+            loss = _wait_for_loss(metrics, step)  # waits for the step to finish
             seconds = time.perf_counter() - began
             clock.add("step", seconds)
             if manager is not None and manager.should_save(step):
                 with clock.time("checkpoint"):
-                    save_checkpoint(manager, step, params, opt_state, iterator, config)
+                    if processes > 1:
+                        multihost.save_checkpoint(
+                            config.checkpoint_dir, step, {"params": params, "opt_state": opt_state},
+                            iterator.get_state(), config.to_dict(), max_to_keep=config.max_to_keep)
+                        manager.reload()  # it learns of the step from the directory
+                    else:
+                        save_checkpoint(manager, step, params, opt_state, iterator, config)
             record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
                       "step_time": seconds, "tokens_per_s": tokens / seconds,
                       "mfu": profile.mfu(flops, seconds, peak), "goodput": clock.goodput()}
@@ -407,6 +438,21 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
     return TrainResult(config, graphdef, params, history, breakdown, eval_loss, flops, peak, start)
 
 
+def _wait_for_loss(metrics: dict, step: int) -> float:
+    """The step's loss as a float; with several processes, a lost peer becomes a PeerLostError."""
+    if jax.process_count() == 1:
+        return float(metrics["loss"])
+    try:
+        return float(metrics["loss"])
+    except Exception as error:  # XlaRuntimeError from gloo or the coordination service
+        raise multihost.PeerLostError(
+            f"process {jax.process_index()} of {jax.process_count()}: step {step} failed because "
+            "another process of the job stopped answering (it died, or the network failed). The job "
+            "cannot continue with a process missing: restart every process; training resumes from "
+            f"the last checkpoint. ({type(error).__name__}: {str(error)[:300]})"
+        ) from None
+
+
 def _progress(steps: range, config: Config):
     if not config.progress:
         return steps
@@ -418,9 +464,13 @@ def _progress(steps: range, config: Config):
 def main(argv: list[str] | None = None) -> None:
     """`python -m stacklib.llm.train [config.yml] [key=value ...]`."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    distributed = multihost.initialize()  # from the environment, before any JAX operation
     path = argv.pop(0) if argv and "=" not in argv[0] else None
     config = load_config(path, *argv)
     result = train(config)
+    if not multihost.is_primary():
+        jax.distributed.shutdown()
+        return
     last = result.history[-1] if result.history else {}
     summary = {
         "steps": config.steps, "final_loss": last.get("loss"),
@@ -430,7 +480,9 @@ def main(argv: list[str] | None = None) -> None:
         "goodput": result.goodput["step"] / result.goodput["wall"],
         "seconds": {key: round(value, 3) for key, value in result.goodput.items()},
     }
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1), flush=True)
+    if distributed:
+        jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
