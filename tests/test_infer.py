@@ -80,6 +80,16 @@ def test_preemption_by_recomputation_finishes_every_request(model, reference):
     assert small.llm_engine.kv_cache.pool.num_free_blocks == 39  # every block came back
 
 
+def test_a_model_folder_in_the_zoo_format_loads_the_same_weights(engine):
+    from stacklib.llm import zoo
+
+    folder = LLM(str(zoo.cache_dir() / "stdlib-bytes"), max_num_seqs=8, block_size=4)
+    assert folder.model_name == "stdlib-bytes"
+    params = _greedy(12)
+    ours, theirs = (llm_.generate("def ", params)[0].outputs[0].token_ids for llm_ in (folder, engine))
+    assert ours == theirs
+
+
 def test_no_recompilation_after_warmup_for_any_prompt_length_or_batch(engine):
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 90, 13)

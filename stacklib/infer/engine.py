@@ -16,12 +16,15 @@ Mirrors `vllm.LLM` and `vllm.v1.engine.LLMEngine` (`add_request`, `step`,
 `abort_request`, `has_unfinished_requests`). Differences: one process (vLLM runs the
 engine core in its own process); the model is a zoo name or a `Transformer`; the cache
 size comes from `num_gpu_blocks_override` or from `max_num_seqs` full-length sequences,
-not from profiling free accelerator memory.
+not from profiling free accelerator memory. A model folder must be in the zoo's format
+(params + config); a training checkpoint's optimizer state is not read.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
 
 import numpy as np
 
@@ -206,9 +209,31 @@ class LLMEngine:
         return {"slots": self.kv_cache.num_used_slots(), "tokens": tokens, "sequences": len(running)}
 
 
+def load_model_dir(directory: str | os.PathLike) -> Transformer:
+    """A model saved as the zoo saves one (`params` and `config` items, stacklib.checkpoint).
+
+    Raises:
+      FileNotFoundError: the folder holds no committed checkpoint.
+    """
+    import stacklib.checkpoint as ocp
+    from stacklib.llm import zoo
+    from stacklib.llm.config import MODEL_KEYS, load_config
+
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{directory} holds no committed checkpoint; save one with "
+                                "stacklib.llm.pretrained (the zoo's format: params + config).")
+    saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False)
+    return zoo._load(pathlib.Path(directory), config)
+
+
 def _load_model(model: str | Transformer) -> Transformer:
     if isinstance(model, Transformer):
         return model
+    if os.path.isdir(model):
+        return load_model_dir(model)
     from stacklib.llm import pretrained
 
     return pretrained(model)[0]
@@ -218,7 +243,8 @@ class LLM:
     """Offline generation, like `vllm.LLM`: `LLM(model).generate(prompts, sampling_params)`.
 
     Args:
-      model: a zoo name (`stacklib.llm.pretrained`) or a chapter-12 `Transformer`.
+      model: a zoo name (`stacklib.llm.pretrained`), a folder holding a model saved in the
+        zoo's format, or a chapter-12 `Transformer`.
       max_model_len: the longest prompt + output (default: the model's max_seq_len).
       max_num_seqs: the most sequences decoded in one step.
       max_num_batched_tokens: the most tokens one step may run (at least max_model_len).
@@ -232,7 +258,7 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0):
-        self.model_name = model if isinstance(model, str) else "model"
+        self.model_name = os.path.basename(os.path.normpath(model)) if isinstance(model, str) else "model"
         self.llm_engine = LLMEngine(
             _load_model(model), ByteTokenizer(), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
