@@ -16,11 +16,12 @@ steps) are counted too: they do not depend on the machine's load.
 
 Then a Poisson arrival load (requests arrive at random, `RATE` per second on average)
 gives time-to-first-token (arrival -> first token) and time-per-output-token (the rest
-of the tokens) at p50 and p99.
+of the tokens) at p50 and p99. A plot of both goes to `_build/bench/infer.png`.
 """
 
 from __future__ import annotations
 
+import pathlib
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from stacklib import llm
 from stacklib.infer import LLM, SamplingParams
 
+PLOT = pathlib.Path(__file__).resolve().parents[1] / "_build" / "bench" / "infer.png"
 MAX_NUM_SEQS, BLOCK_SIZE = 16, 8
 REPEATS = 3  # runs of each way, interleaved; the median time is reported (the machine is shared)
 
@@ -116,6 +118,25 @@ def main(scale: float = 1.0) -> None:
     print(f"Poisson arrivals at {rate:.0f} requests/s: TTFT p50 {latencies['ttft_p50']:.1f} ms, "
           f"p99 {latencies['ttft_p99']:.1f} ms; TPOT p50 {latencies['tpot_p50']:.2f} ms, "
           f"p99 {latencies['tpot_p99']:.2f} ms")
+    _plot(results, latencies, rate)
+
+
+def _plot(results, latencies, rate) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3))
+    left.barh(list(results), [tokens / seconds for seconds, tokens, _ in results.values()])
+    left.set(xlabel="output tokens / s", title="throughput (median of runs)")
+    names = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"]
+    right.bar(names, [latencies[n] for n in names])
+    right.set(ylabel="ms", title=f"latency, Poisson arrivals at {rate:.0f}/s")
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=100)
+    print(f"plot: {PLOT}")
 
 
 if __name__ == "__main__":
