@@ -116,15 +116,15 @@ class AsyncEngine:
                 except Exception as error:  # noqa: BLE001 - every waiting client must hear of it
                     self.error = error
                     outputs = [error]
+                for output in outputs:  # under the lock: a request may be leaving meanwhile
+                    targets = list(self._queues) if isinstance(output, Exception) else [output.request_id]
+                    for request_id in targets:
+                        if request_id in self._queues:
+                            loop, queue = self._queues[request_id]
+                            loop.call_soon_threadsafe(queue.put_nowait, output)
             if not busy:
                 self._wakeup.wait(0.5)
                 self._wakeup.clear()
-            for output in outputs:
-                targets = list(self._queues) if isinstance(output, Exception) else [output.request_id]
-                for request_id in targets:
-                    if request_id in self._queues:
-                        loop, queue = self._queues[request_id]
-                        loop.call_soon_threadsafe(queue.put_nowait, output)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs step by step; closing the iterator aborts it.
