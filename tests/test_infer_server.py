@@ -57,6 +57,19 @@ def test_completions_greedy_equal_llm_generate_with_usage(server, client):
     assert response.usage.total_tokens == 9 + len(expected.token_ids)
 
 
+def test_greedy_through_the_server_is_the_same_with_prefix_caching_on_and_off(server, client):
+    shared = "import os\nimport sys\n\n\ndef main("
+    prompts = [shared + "):", shared + "argv", shared]
+    off = LLM(NAME, max_num_seqs=8, block_size=4, enable_prefix_caching=False)
+    with stack_http.Server(create_app(off)) as uncached:
+        other = openai.OpenAI(base_url=f"{uncached.url}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+        for prompt in prompts:
+            expected = _greedy_text(server, prompt, 24).text
+            for api in (client, other):
+                response = api.completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0)
+                assert response.choices[0].text == expected
+
+
 def test_streamed_completion_joins_to_the_same_text_and_ends_with_done(server, client):
     expected = _greedy_text(server, "import os\n", 24)
     stream = client.completions.create(model=NAME, prompt="import os\n", max_tokens=24, temperature=0,
@@ -141,7 +154,11 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_others_are_served(s
                        "ignore_eos": True})
     sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-    assert b"data: " in sock.recv(4096)
+    received = b""
+    while b"data: " not in received:  # the headers may arrive before the first event
+        chunk = sock.recv(4096)
+        assert chunk, f"the server closed the stream before its first event: {received!r}"
+        received += chunk
     sock.close()
     deadline = time.monotonic() + WAIT
     while llm.llm_engine.has_unfinished_requests() and time.monotonic() < deadline:
