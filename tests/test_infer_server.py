@@ -70,6 +70,17 @@ def test_greedy_through_the_server_is_the_same_with_prefix_caching_on_and_off(se
                 assert response.choices[0].text == expected
 
 
+def test_completion_logprobs_are_the_engines(server, client):
+    expected = server.reference.generate("def ", SamplingParams(temperature=0, max_tokens=6, logprobs=2))
+    expected = expected[0].outputs[0]
+    response = client.completions.create(model=NAME, prompt="def ", max_tokens=6, temperature=0, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    assert "".join(logprobs.tokens) == response.choices[0].text == expected.text
+    chosen = [step[t].logprob for t, step in zip(expected.token_ids, expected.logprobs, strict=True)]
+    assert logprobs.token_logprobs == pytest.approx(chosen)
+    assert all(len(top) >= 1 for top in logprobs.top_logprobs)
+
+
 def test_streamed_completion_joins_to_the_same_text_and_ends_with_done(server, client):
     expected = _greedy_text(server, "import os\n", 24)
     stream = client.completions.create(model=NAME, prompt="import os\n", max_tokens=24, temperature=0,

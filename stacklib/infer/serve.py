@@ -20,8 +20,9 @@ malformed JSON, missing or invalid fields, sampling values out of range and prom
 Mirrors vLLM's `vllm/entrypoints/openai/api_server.py` and `protocol.py` (a subset of
 the request fields; vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_eos`,
 `stop_token_ids` go in the body, with the openai client's `extra_body`). Differences:
-no logprobs in the HTTP API, no tools or response formats, no authentication; the chat
-template is ours (the model is not chat-tuned: it continues the text).
+log-probabilities in non-streamed completions only (not in chat, not streamed); no
+tools or response formats, no authentication; the chat template is ours (the model is
+not chat-tuned: it continues the text).
 """
 
 from __future__ import annotations
@@ -72,6 +73,31 @@ class _Sampling(pydantic.BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
+    logprobs: int | None = None
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        params = super().sampling_params(max_tokens)
+        params.logprobs = self.logprobs
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}.")
+        return params
+
+
+def completion_logprobs(completion) -> dict[str, list] | None:
+    """OpenAI's completions `logprobs` object from a `CompletionOutput`'s per-token dicts."""
+    if completion.logprobs is None:
+        return None
+    tokens, offsets, offset = [], [], 0
+    for token_id, step in zip(completion.token_ids, completion.logprobs, strict=True):
+        tokens.append(step[token_id].decoded_token)
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    return {"tokens": tokens,
+            "token_logprobs": [step[t].logprob for t, step in zip(completion.token_ids, completion.logprobs,
+                                                                   strict=True)],
+            "top_logprobs": [{lp.decoded_token: lp.logprob for lp in step.values()}
+                             for step in completion.logprobs],
+            "text_offset": offsets}
 
 
 class ChatMessage(pydantic.BaseModel):
@@ -243,8 +269,8 @@ def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
         if not body.stream:
             output = await last(outputs)
             return {**base, "usage": usage(output), "choices": [
-                {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
-                 "stop_reason": c.stop_reason} for c in output.outputs]}
+                {"index": c.index, "text": c.text, "logprobs": completion_logprobs(c),
+                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]}
 
         async def chunks():
             final = None
