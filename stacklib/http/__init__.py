@@ -1,18 +1,21 @@
 """The one HTTP layer of the book's servers: a FastAPI app, error bodies, limits, a runner.
 
-Chapter 15's model server (`stacklib.serve`) is built on it, and chapter 14's
-OpenAI-style inference server will be. What they share:
+Chapter 15's model server (`stacklib.serve`) and chapter 14's OpenAI-compatible
+inference server (`stacklib.infer.serve`) are built on it. What they share:
 
   * errors as one JSON shape, the one vLLM's and OpenAI's servers return:
     `{"error": {"message": ..., "type": ..., "code": <HTTP status>}}` — for our own
-    `HTTPError`, for FastAPI's validation errors, for unknown routes and methods;
+    `HTTPError`, for FastAPI's validation errors, for unknown routes and methods
+    (with `create_app(..., error_param=True)` also vLLM's `"param"`: the request field
+    at fault, or null);
+  * `event_stream(chunks)`: server-sent events, one `data: {json}` per chunk, ending
+    with `data: [DONE]` as OpenAI's streaming API does;
   * a request body limit enforced while the body is read (413 before it is buffered);
   * `read_json(request)`: a JSON object or a 400 that says what was wrong;
   * `Server`: uvicorn in a background thread on a port the OS picks, started and
     stopped by the caller (tests, notebooks, benchmarks), or `serve()` in the foreground.
 
-Differences from vLLM's server: no streaming (server-sent events come with chapter 14),
-no authentication, no CORS; one uvicorn worker.
+Differences from vLLM's server: no authentication, no CORS; one uvicorn worker.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import json
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 MAX_BODY_BYTES = 1 << 20
@@ -38,17 +42,34 @@ _TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedEr
 class HTTPError(Exception):
     """Raise in an endpoint to answer `status` with an error body carrying `message`."""
 
-    def __init__(self, status: int, message: str, type: str | None = None):
+    def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.param = status, message, param
         self.type = type or _TYPES.get(status, "Error")
 
 
-def error_response(status: int, message: str, type: str | None = None) -> JSONResponse:
-    """`{"error": {"message", "type", "code"}}` with HTTP status `status`."""
-    error_type = type or _TYPES.get(status, "Error")
-    return JSONResponse({"error": {"message": message, "type": error_type, "code": status}},
-                        status_code=status)
+def error_response(status: int, message: str, type: str | None = None, *, param: str | None = None,
+                   with_param: bool = False) -> JSONResponse:
+    """`{"error": {"message", "type", "code"}}` with HTTP status `status` (and `"param"` if asked)."""
+    error = {"message": message, "type": type or _TYPES.get(status, "Error"), "code": status}
+    if with_param or param is not None:
+        error["param"] = param
+    return JSONResponse({"error": error}, status_code=status)
+
+
+def event_stream(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events: `data: <chunk as JSON>` per chunk, then `data: [DONE]`.
+
+    When the client disconnects, Starlette cancels the response, which closes `chunks`
+    (an async generator's `finally:` runs): that is where a producer stops its work.
+    """
+    async def lines():
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(lines(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 class _BodyLimit:
@@ -88,21 +109,25 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(title: str, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """A FastAPI app whose every error, ours or the framework's, is an error body."""
+def create_app(title: str, *, max_body_bytes: int = MAX_BODY_BYTES, error_param: bool = False) -> FastAPI:
+    """A FastAPI app whose every error, ours or the framework's, is an error body.
+
+    `error_param=True` adds vLLM's `"param"` field to every error body.
+    """
     app = FastAPI(title=title)
 
     @app.exception_handler(HTTPError)
     async def _ours(request: Request, error: HTTPError):
-        return error_response(error.status, error.message, error.type)
+        return error_response(error.status, error.message, error.type, param=error.param,
+                              with_param=error_param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _framework(request: Request, error: StarletteHTTPException):
-        return error_response(error.status_code, str(error.detail))
+        return error_response(error.status_code, str(error.detail), with_param=error_param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, error: RequestValidationError):
-        return error_response(400, f"invalid request: {error.errors()}")
+        return error_response(400, f"invalid request: {error.errors()}", with_param=error_param)
 
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     return app

@@ -1,0 +1,301 @@
+"""The engine: requests in, tokens out, one scheduler step at a time; and `LLM`, its front.
+
+    from stacklib.infer import LLM, SamplingParams
+    llm = LLM("stdlib-bytes", max_num_seqs=16, block_size=4)
+    outputs = llm.generate(["def main(", "import os\n"], SamplingParams(temperature=0, max_tokens=32))
+    outputs[0].outputs[0].text
+
+`LLMEngine.step()` asks the scheduler what to run, pre-fills the admitted prompts,
+decodes one token for every running sequence in one batched call, samples on the host,
+checks each sequence's stop conditions, frees finished sequences' blocks and returns a
+`RequestOutput` for every request that advanced. `LLM.generate` adds all its prompts
+and steps until they are done; the OpenAI server (serve.py) runs the same `step()` in a
+loop shared by all clients.
+
+Mirrors `vllm.LLM` and `vllm.v1.engine.LLMEngine` (`add_request`, `step`,
+`abort_request`, `has_unfinished_requests`). Differences: one process (vLLM runs the
+engine core in its own process); the model is a zoo name or a `Transformer`; the cache
+size comes from `num_gpu_blocks_override` or from `max_num_seqs` full-length sequences,
+not from profiling free accelerator memory. A model folder must be in the zoo's format
+(params + config); a training checkpoint's optimizer state is not read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+
+import numpy as np
+
+from stacklib.infer.block_pool import KVCacheManager
+from stacklib.infer.model_runner import ModelRunner
+from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
+from stacklib.infer.sampling_params import SamplingParams, log_softmax, sample_token
+from stacklib.infer.scheduler import Scheduler, Sequence, SequenceStatus
+from stacklib.llm.model import Transformer
+from stacklib.llm.tokenizer import ByteTokenizer
+
+
+class _Request:
+    """A request's sequences (one per `n`) and the completions reported for them."""
+
+    def __init__(self, request_id, prompt, prompt_token_ids, params, seqs):
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
+        self.params, self.seqs = params, seqs
+        self.completions = [CompletionOutput(i, "", [], 0.0 if params.logprobs is not None else None,
+                                             [] if params.logprobs is not None else None)
+                            for i in range(len(seqs))]
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished() for c in self.completions)
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
+                             [CompletionOutput(**vars(c)) for c in self.completions], self.finished,
+                             num_cached_tokens=self.seqs[0].num_cached_tokens)
+
+
+class LLMEngine:
+    """Continuous-batching generation over a paged KV cache (see the module docstring)."""
+
+    def __init__(self, model: Transformer, tokenizer: ByteTokenizer | None = None, *,
+                 max_model_len: int | None = None, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
+                 seed: int = 0):
+        limit = model.config.max_seq_len
+        self.max_model_len = max_model_len or limit
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_seq_len={limit}; "
+                             f"use max_model_len<={limit}.")
+        self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 512)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+                             f"max_model_len={self.max_model_len}; without chunked prefill a whole prompt "
+                             "runs in one step, so raise it.")
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        num_blocks = num_gpu_blocks_override or max_num_seqs * blocks_per_seq + 1
+        if num_blocks - 1 < blocks_per_seq:
+            raise ValueError(f"num_gpu_blocks_override={num_blocks} cannot hold one sequence of "
+                             f"max_model_len={self.max_model_len} ({blocks_per_seq} blocks of {block_size} "
+                             f"plus the null block); use at least {blocks_per_seq + 1}.")
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.block_size, self.seed = block_size, seed
+        self.kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=self.max_num_batched_tokens)
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size,
+                                  max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
+        self.requests: dict[str, _Request] = {}
+        self._unseeded = itertools.count()
+        self.num_steps = 0
+
+    def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        P = len(prompt_token_ids)
+        if P == 0:
+            raise ValueError("The prompt is empty; give at least one token.")
+        if P >= self.max_model_len:
+            raise ValueError(f"The prompt has {P} tokens; this model's maximum context length is "
+                             f"{self.max_model_len} tokens, and at least one must be left to generate. "
+                             "Shorten the prompt.")
+        if params.max_tokens is not None and P + params.max_tokens > self.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                             f"you requested {P + params.max_tokens} tokens ({P} in the prompt, "
+                             f"{params.max_tokens} in the completion). Reduce max_tokens to at most "
+                             f"{self.max_model_len - P}.")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"Prompt token ids must lie in [0, {self.tokenizer.vocab_size}).")
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a prompt (text or token ids). Raises ValueError if it cannot fit the context."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        text = prompt if isinstance(prompt, str) else None
+        ids = [int(t) for t in (self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)]
+        self._validate(ids, params)
+        seqs = []
+        for index in range(params.n):
+            seed = (params.seed, index) if params.seed is not None else (self.seed, next(self._unseeded), 1)
+            seq = Sequence(f"{request_id}/{index}", request_id, index, ids, params,
+                           np.random.default_rng(list(seed)))
+            seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = _Request(request_id, text, ids, params, seqs)
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request (a client went away): its sequences leave and their blocks are freed."""
+        request = self.requests.pop(request_id, None)
+        for seq in request.seqs if request else []:
+            if seq.status is not SequenceStatus.FINISHED:
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _append(self, seq: Sequence, logits: np.ndarray) -> None:
+        """Sample seq's next token from `logits`, record it, and finish seq if it should stop."""
+        params, request = seq.params, self.requests[seq.request_id]
+        completion = request.completions[seq.index]
+        token = sample_token(logits, params, seq.rng, len(seq.output_token_ids), self.tokenizer.eos_id)
+        seq.output_token_ids.append(token)
+        completion.token_ids = list(seq.output_token_ids)
+        if params.logprobs is not None:
+            logp = log_softmax(logits)
+            ranks = np.argsort(-logp, kind="stable")
+            top = {int(t): Logprob(float(logp[t]), r + 1, self.tokenizer.decode([t]))
+                   for r, t in enumerate(ranks[: params.logprobs])}
+            top.setdefault(token, Logprob(float(logp[token]), int(np.flatnonzero(ranks == token)[0]) + 1,
+                                          self.tokenizer.decode([token])))
+            completion.logprobs.append(top)
+            completion.cumulative_logprob += float(logp[token])
+        completion.text = self.tokenizer.decode(seq.output_token_ids)
+        n = len(seq.output_token_ids)
+        reason, stop_reason = None, None
+        if n >= params.min_tokens:
+            if token == self.tokenizer.eos_id and not params.ignore_eos:
+                reason = "stop"
+            elif token in params.stop_token_ids:
+                reason, stop_reason = "stop", token
+            else:
+                for stop in params.stop:
+                    at = completion.text.find(stop)
+                    if at >= 0:
+                        completion.text, reason, stop_reason = completion.text[:at], "stop", stop
+                        break
+        if reason is None and (n == params.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            completion.finish_reason, completion.stop_reason = reason, stop_reason
+            self.scheduler.finish(seq)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; return the outputs of the requests that advanced."""
+        work = self.scheduler.schedule()
+        touched = set()
+        for seq, num_cached in work.prefills:
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            logits = self.runner.prefill(seq.tokens, num_cached, self.kv_cache.block_tables[seq.seq_id])
+            self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)
+            self._append(seq, logits)
+            touched.add(seq.request_id)
+        if work.decodes:
+            logits = self.runner.decode(
+                [s.tokens[-1] for s in work.decodes], [s.num_tokens - 1 for s in work.decodes],
+                [self.kv_cache.block_tables[s.seq_id] for s in work.decodes])
+            for seq, row in zip(work.decodes, logits, strict=True):
+                self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)
+                self._append(seq, row)
+                touched.add(seq.request_id)
+        self.num_steps += 1
+        outputs = []
+        for request_id in sorted(touched, key=list(self.requests).index):
+            request = self.requests[request_id]
+            outputs.append(request.output())
+            if request.finished:
+                del self.requests[request_id]
+        return outputs
+
+    def kv_cache_usage(self) -> dict[str, int]:
+        """Slots held by running sequences and the tokens whose keys and values fill them.
+
+        Between steps each running sequence has all its tokens in the cache but the last
+        one sampled, which the next decode step writes.
+        """
+        running = self.scheduler.running
+        tokens = sum(s.num_tokens - 1 for s in running)
+        return {"slots": self.kv_cache.num_used_slots(), "tokens": tokens, "sequences": len(running)}
+
+
+def load_model_dir(directory: str | os.PathLike) -> Transformer:
+    """A model saved as the zoo saves one (`params` and `config` items, stacklib.checkpoint).
+
+    Raises:
+      FileNotFoundError: the folder holds no committed checkpoint.
+    """
+    import stacklib.checkpoint as ocp
+    from stacklib.llm import zoo
+    from stacklib.llm.config import MODEL_KEYS, load_config
+
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{directory} holds no committed checkpoint; save one with "
+                                "stacklib.llm.pretrained (the zoo's format: params + config).")
+    saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False)
+    return zoo._load(pathlib.Path(directory), config)
+
+
+def _load_model(model: str | Transformer) -> Transformer:
+    if isinstance(model, Transformer):
+        return model
+    if os.path.isdir(model):
+        return load_model_dir(model)
+    from stacklib.llm import pretrained
+
+    return pretrained(model)[0]
+
+
+class LLM:
+    """Offline generation, like `vllm.LLM`: `LLM(model).generate(prompts, sampling_params)`.
+
+    Args:
+      model: a zoo name (`stacklib.llm.pretrained`), a folder holding a model saved in the
+        zoo's format, or a chapter-12 `Transformer`.
+      max_model_len: the longest prompt + output (default: the model's max_seq_len).
+      max_num_seqs: the most sequences decoded in one step.
+      max_num_batched_tokens: the most tokens one step may run (at least max_model_len).
+      block_size: token slots per KV-cache block.
+      num_gpu_blocks_override: the cache's size in blocks (default: max_num_seqs full sequences).
+      enable_prefix_caching: share full prompt blocks between requests.
+      seed: seeds the requests that give no seed of their own.
+    """
+
+    def __init__(self, model: str | Transformer = "stdlib-bytes", *, max_model_len: int | None = None,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
+                 seed: int = 0):
+        self.model_name = os.path.basename(os.path.normpath(model)) if isinstance(model, str) else "model"
+        self.llm_engine = LLMEngine(
+            _load_model(model), ByteTokenizer(), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            num_gpu_blocks_override=num_gpu_blocks_override, enable_prefix_caching=enable_prefix_caching,
+            seed=seed)
+        self.llm_engine.runner.warmup()
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> ByteTokenizer:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in the order of `prompts`.
+
+        Args:
+          prompts: a string, a list of strings, or `{"prompt_token_ids": [...]}` dicts.
+          sampling_params: one `SamplingParams` for all, or a list (one per prompt);
+            default `SamplingParams()` (vLLM's: temperature 1, 16 tokens).
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts; "
+                             "give one, or one per prompt.")
+        engine, ids = self.llm_engine, []
+        for prompt, p in zip(prompts, params, strict=True):
+            request_id = str(next(self._ids))
+            ids_or_text = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+            engine.add_request(request_id, ids_or_text, p)
+            ids.append(request_id)
+        finished = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[i] for i in ids]
+

@@ -1,0 +1,223 @@
+"""The OpenAI-compatible server, called with the real `openai` client.
+
+Every server runs on a free localhost port, started and stopped by its test module;
+every client loop is bounded in requests and in time.
+"""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+from conftest import ROOT
+
+from stacklib import http as stack_http
+from stacklib.infer import LLM, SamplingParams
+from stacklib.infer.serve import create_app
+
+NAME = "stdlib-bytes"
+CLIENTS, WAIT = 64, 120.0
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(NAME, max_num_seqs=8, block_size=4)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    reference = LLM(NAME, max_num_seqs=8, block_size=4)  # generate() on its own engine, same programs
+    with stack_http.Server(create_app(llm)) as running:
+        running.reference = reference
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+
+
+def _greedy_text(server, prompt, max_tokens):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return server.reference.generate(prompt, params)[0].outputs[0]
+
+
+def test_completions_greedy_equal_llm_generate_with_usage(server, client):
+    expected = _greedy_text(server, "def main(", 20)
+    response = client.completions.create(model=NAME, prompt="def main(", max_tokens=20, temperature=0)
+    choice = response.choices[0]
+    assert (choice.text, choice.finish_reason) == (expected.text, expected.finish_reason)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (9, len(expected.token_ids))
+    assert response.usage.total_tokens == 9 + len(expected.token_ids)
+
+
+def test_greedy_through_the_server_is_the_same_with_prefix_caching_on_and_off(server, client):
+    shared = "import os\nimport sys\n\n\ndef main("
+    prompts = [shared + "):", shared + "argv", shared]
+    off = LLM(NAME, max_num_seqs=8, block_size=4, enable_prefix_caching=False)
+    with stack_http.Server(create_app(off)) as uncached:
+        other = openai.OpenAI(base_url=f"{uncached.url}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+        for prompt in prompts:
+            expected = _greedy_text(server, prompt, 24).text
+            for api in (client, other):
+                response = api.completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0)
+                assert response.choices[0].text == expected
+
+
+def test_completion_logprobs_are_the_engines(server, client):
+    expected = server.reference.generate("def ", SamplingParams(temperature=0, max_tokens=6, logprobs=2))
+    expected = expected[0].outputs[0]
+    response = client.completions.create(model=NAME, prompt="def ", max_tokens=6, temperature=0, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    assert "".join(logprobs.tokens) == response.choices[0].text == expected.text
+    chosen = [step[t].logprob for t, step in zip(expected.token_ids, expected.logprobs, strict=True)]
+    assert logprobs.token_logprobs == pytest.approx(chosen)
+    assert all(len(top) >= 1 for top in logprobs.top_logprobs)
+
+
+def test_streamed_completion_joins_to_the_same_text_and_ends_with_done(server, client):
+    expected = _greedy_text(server, "import os\n", 24)
+    stream = client.completions.create(model=NAME, prompt="import os\n", max_tokens=24, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT)
+    connection.request("POST", "/v1/completions", json.dumps(
+        {"model": NAME, "prompt": "x", "max_tokens": 3, "temperature": 0, "stream": True}),
+        {"Content-Type": "application/json"})
+    raw = connection.getresponse().read().decode()
+    assert raw.rstrip().endswith("data: [DONE]") and raw.count("data: ") >= 2
+
+
+def test_chat_completions_stream_and_not_use_the_chat_template(server, client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f("}]
+    prompt = "<|system|>\nYou write Python.\n<|user|>\ndef f(\n<|assistant|>\n"
+    expected = _greedy_text(server, prompt, 16)
+    response = client.chat.completions.create(model=NAME, messages=messages, max_tokens=16, temperature=0)
+    assert response.choices[0].message.content == expected.text
+    assert response.choices[0].message.role == "assistant"
+    assert response.usage.prompt_tokens == len(prompt)
+    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=16, temperature=0,
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected.text
+
+
+def test_models_health_seeds_and_vllm_extras(server, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT)
+    connection.request("GET", "/health")
+    assert connection.getresponse().status == 200
+    kwargs = dict(model=NAME, prompt="class ", max_tokens=12, temperature=0.8, seed=3, n=2)
+    first, second = (client.completions.create(**kwargs) for _ in range(2))
+    assert [c.text for c in first.choices] == [c.text for c in second.choices]
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=3, n=2)
+    expected = server.reference.generate("class ", params)
+    assert [c.text for c in first.choices] == [c.text for c in expected[0].outputs]
+    response = client.completions.create(model=NAME, prompt="x", max_tokens=30, temperature=0,
+                                         extra_body={"min_tokens": 30, "ignore_eos": True})
+    assert response.usage.completion_tokens == 30
+
+
+def _post(server, body: bytes):
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT)
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+@pytest.mark.parametrize("body, status, param, message", [
+    (b"{not json", 400, None, "not valid JSON"),
+    (json.dumps({"model": NAME}).encode(), 400, "prompt", "prompt"),
+    (json.dumps({"model": NAME, "prompt": "x", "temperature": -1}).encode(), 400, "temperature",
+     "non-negative"),
+    (json.dumps({"model": NAME, "prompt": "x" * 100, "max_tokens": 50}).encode(), 400, "max_tokens",
+     "maximum context length is 128 tokens"),
+    (json.dumps({"model": NAME, "prompt": "x" * 200, "max_tokens": 1}).encode(), 400, "prompt", "Shorten"),
+    (json.dumps({"model": "gpt-4", "prompt": "x"}).encode(), 404, "model", "does not exist"),
+])
+def test_bad_requests_get_vllm_error_bodies_and_the_server_keeps_serving(server, client, body, status, param,
+                                                                        message):
+    got, payload = _post(server, body)
+    assert got == status and set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["code"] == status and payload["error"]["param"] == param
+    assert message in payload["error"]["message"], payload
+    assert client.completions.create(model=NAME, prompt="ok", max_tokens=2, temperature=0).choices[0].text
+
+
+def test_the_openai_client_raises_its_own_errors_for_them(client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=NAME, prompt="x", temperature=-0.5)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_others_are_served(server, client, llm):
+    sock = socket.create_connection((server.host, server.port), timeout=WAIT)
+    body = json.dumps({"model": NAME, "prompt": "a", "max_tokens": 120, "temperature": 0, "stream": True,
+                       "ignore_eos": True})
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    received = b""
+    while b"data: " not in received:  # the headers may arrive before the first event
+        chunk = sock.recv(4096)
+        assert chunk, f"the server closed the stream before its first event: {received!r}"
+        received += chunk
+    sock.close()
+    deadline = time.monotonic() + WAIT
+    while llm.llm_engine.has_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not llm.llm_engine.has_unfinished_requests()  # aborted: its blocks are back in the pool
+    assert client.completions.create(model=NAME, prompt="ok", max_tokens=2, temperature=0).choices[0].text
+
+
+def test_64_concurrent_clients_all_get_complete_greedy_answers(server, client):
+    prompts = [f"x{i} = " for i in range(CLIENTS)]
+    expected = [o.outputs[0].text for o in server.reference.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=16))]
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        futures = [pool.submit(client.completions.create, model=NAME, prompt=p, max_tokens=16, temperature=0)
+                   for p in prompts]
+        texts = [f.result(timeout=WAIT).choices[0].text for f in futures]
+    assert texts == expected
+    assert time.monotonic() - start < WAIT
+
+
+def test_the_command_line_server_starts_serves_and_stops():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "stacklib.infer.serve", "--model", NAME, "--port", str(port),
+               "--max-num-seqs", "1"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+                               timeout=10)
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                models = client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.5)
+        assert models.data[0].id == NAME
+        response = client.completions.create(model=NAME, prompt="def ", max_tokens=4, temperature=0)
+        assert response.choices[0].text
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
