@@ -1,0 +1,161 @@
+"""Stage 6: serve the model two ways, each started, queried and stopped by this code.
+
+1. The inference engine (`stacklib.infer.LLM`, chapter 14) behind its OpenAI-compatible
+   server, on a free localhost port, queried with the real `openai` client. Greedy
+   completions through the server must equal the engine's own `generate`, and a burst of
+   concurrent requests measures the served throughput (continuous batching).
+2. The model exported as an artifact (`stacklib.serve.export`, chapter 15): a StableHLO
+   program with a symbolic batch plus its weights, loaded in a fresh Python process that
+   never imports the model's code. Its logits must equal the jitted model's, bitwise.
+
+Every wait is bounded: the server starts within `stacklib.http.Server`'s timeout, each
+request has a client timeout and no retries, the child process has a timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+import stacklib.nn as nnx
+import stacklib.serve as serve
+from stacklib import http
+from stacklib.infer import LLM, SamplingParams
+from stacklib.infer.serve import create_app
+
+REQUEST_TIMEOUT = 120.0  # seconds per HTTP request (a loaded 2-core machine)
+CHILD_TIMEOUT = 300.0
+
+
+@dataclasses.dataclass
+class ServeResult:
+    """What stage 6 measured."""
+
+    url: str  # where the server listened (it is stopped now)
+    prompts: list[str]
+    completions: list[str]  # through the server, with the openai client
+    engine_completions: list[str]  # `LLM.generate` on the same engine, before serving
+    burst_requests: int
+    burst_tokens: int  # completion tokens generated during the burst
+    burst_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.burst_tokens / self.burst_seconds
+
+
+def serve_with_openai(model: nnx.Module, prompts: list[str], *, max_tokens: int = 24, burst: int = 16,
+                      name: str = "capstone") -> ServeResult:
+    """Serve `model` with the OpenAI-compatible server; query it with the `openai` client.
+
+    Args:
+      model: a chapter-12 Transformer.
+      prompts: greedy completions of these are compared with the engine's.
+      max_tokens: tokens per completion.
+      burst: concurrent requests sent at once to measure throughput.
+      name: the served model's name.
+    """
+    import openai
+
+    llm = LLM(model, max_num_seqs=8, block_size=4)
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    engine = [output.outputs[0].text for output in llm.generate(prompts, greedy)]
+    with http.Server(create_app(llm, served_model_name=name)) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                               timeout=REQUEST_TIMEOUT)
+        served = [client.completions.create(model=name, prompt=p, max_tokens=max_tokens, temperature=0)
+                  .choices[0].text for p in prompts]
+
+        def one(i: int) -> int:
+            response = client.completions.create(model=name, prompt=prompts[i % len(prompts)],
+                                                 max_tokens=max_tokens, temperature=0.8, seed=i)
+            return response.usage.completion_tokens
+
+        began = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(burst) as pool:
+            tokens = sum(pool.map(one, range(burst), timeout=REQUEST_TIMEOUT * 2))
+        seconds = time.perf_counter() - began
+        url = server.url
+    return ServeResult(url, list(prompts), served, engine, burst, tokens, seconds)
+
+
+# -- the exported artifact ----------------------------------------------------------------------
+
+CHILD = """
+import json, sys
+import numpy as np
+import stacklib.serve as serve
+directory, tokens_path, expected_path = sys.argv[1:4]
+model = serve.load(directory)
+logits = np.asarray(model(np.load(tokens_path)))
+model_code = sorted(m for m in sys.modules if m.split(".")[0] == "flax"
+                    or m.startswith(("stacklib.nn", "stacklib.llm", "stacklib.quant")))
+print(json.dumps({"bitwise": bool(np.array_equal(logits, np.load(expected_path))),
+                  "shape": list(logits.shape), "model_code_imported": model_code}))
+"""
+
+
+def _string_keys(tree):
+    """The artifact format keys weights by strings: layer 0 becomes "0"."""
+    if isinstance(tree, dict):
+        return {str(key): _string_keys(value) for key, value in tree.items()}
+    return tree
+
+
+def _with_keys_of(template, tree):
+    """`tree` keyed as `template` again (the integer layer indices back)."""
+    if isinstance(template, dict):
+        return {key: _with_keys_of(value, tree[str(key)]) for key, value in template.items()}
+    return tree
+
+
+@dataclasses.dataclass
+class ExportResult:
+    directory: pathlib.Path
+    manifest: dict
+    bitwise: bool  # the fresh process's logits equal the jitted model's
+    logits_shape: list[int]
+    model_code_imported: list[str]  # modules of model code the fresh process imported (none)
+
+
+def export_and_load_elsewhere(model: nnx.Module, tokens: np.ndarray,
+                              directory: str | os.PathLike | None = None) -> ExportResult:
+    """Export `model`'s forward pass (tokens -> logits), load it in a fresh process, compare.
+
+    Args:
+      model: a chapter-12 Transformer.
+      tokens: (B, T) int32 token ids; T is fixed in the artifact, the batch is symbolic.
+      directory: where to write the artifact (must not exist; default: a new temporary folder).
+    """
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    keyed = nnx.to_pure_dict(params)  # nested dicts; the layer indices are ints
+
+    def forward(weights, tokens):
+        return nnx.merge(graphdef, _with_keys_of(keyed, weights), rest, copy=True)(tokens)  # (B, T, vocab)
+
+    pure = _string_keys(keyed)
+    directory = pathlib.Path(directory or pathlib.Path(tempfile.mkdtemp(prefix="capstone-export-")) / "1")
+    manifest = serve.export(forward, pure, (tokens[:1],), directory, metadata={"stage": "capstone"})
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="capstone-check-"))
+    np.save(scratch / "tokens.npy", tokens)
+    np.save(scratch / "expected.npy", np.asarray(jax.jit(forward)(pure, tokens)))  # the jitted reference
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.run([sys.executable, "-c", CHILD, str(directory), str(scratch / "tokens.npy"),
+                            str(scratch / "expected.npy")], capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT, env=env)
+    if child.returncode != 0:
+        raise RuntimeError(f"loading the artifact in a fresh process failed:\n{child.stderr[-3000:]}")
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    return ExportResult(directory, manifest, report["bitwise"], report["shape"],
+                        report["model_code_imported"])
