@@ -12,6 +12,7 @@ Layers (a module imports only from layers below it):
   2  parallel, kernels, quant
   3  llm
   4  align, infer, serve
+  5  capstone
 On top of them all, free to import anything: `cases` (the exercises' grading cases) and
 `examples` (whole programs that combine components, such as chapter 05's resumable run).
 """

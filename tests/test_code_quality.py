@@ -18,8 +18,9 @@ LAYERS = {
     "parallel": 2, "kernels": 2, "quant": 2,
     "llm": 3,
     "align": 4, "infer": 4, "serve": 4,
+    "capstone": 5,
 }
-TOP = 5
+TOP = 6
 
 
 def _component(path: pathlib.Path) -> str:
