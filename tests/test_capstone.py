@@ -1,0 +1,79 @@
+"""stacklib.capstone's pieces at tiny sizes (chapter 16 runs them all, end to end, under nbval)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import stacklib.nn as nnx
+from stacklib.capstone import profiling, quantization, serving, training
+from stacklib.llm import train
+from stacklib.llm.config import load_config
+
+TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=32,
+            seq_len=32, batch_size=8, steps=6, warmup_steps=2, max_corpus_bytes=200_000,
+            eval_batches=2, progress=False, peak_flops=1e11)
+
+
+def test_the_mesh_is_2x2x2_on_eight_devices_and_data_parallel_below():
+    assert training.mesh_overrides(8) == dict(data_parallelism=2, fsdp_parallelism=2, tensor_parallelism=2)
+    assert training.mesh_overrides(1) == dict(data_parallelism=1, fsdp_parallelism=1, tensor_parallelism=1)
+    assert training.mesh_overrides(4)["data_parallelism"] == 4
+    config = training.capstone_config("/tmp/unused")
+    assert config.mesh_shape == (2, 2, 2) and config.async_checkpointing
+    assert config.checkpoint_dir == "/tmp/unused"
+    assert training.kill_after() % config.checkpoint_every != 0  # the kill lands between two checkpoints
+
+
+def test_a_kill_before_the_first_checkpoint_is_refused_before_any_process_starts(tmp_path):
+    config = load_config(None, **TINY, checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    with pytest.raises(ValueError, match=r"kill_after=3 comes before the first checkpoint.*Kill later"):
+        training.run_and_kill(config, 3)
+    assert not any(tmp_path.iterdir())
+
+
+def test_bitwise_equal_compares_every_leaf():
+    a = {"w": np.ones(3, np.float32), "b": np.zeros(2, np.float32)}
+    b = {"w": np.ones(3, np.float32), "b": np.array([0.0, np.float32(1e-45)], np.float32)}  # one denormal bit
+    assert training.bitwise_equal(a, dict(a)) and not training.bitwise_equal(a, b)
+    assert not training.bitwise_equal(a, {"w": a["w"]})
+
+
+def test_op_groups_name_matmuls_collectives_and_fusions():
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    sharded = NamedSharding(mesh, PartitionSpec("x"))
+
+    def f(a, b):
+        return jnp.tanh(a @ b).sum()  # a dot, elementwise work, and a sum over the sharded rows
+
+    a = jax.device_put(jnp.ones((8, 16)), sharded)
+    compiled = jax.jit(f).lower(a, jnp.ones((16, 4))).compile()
+    kinds = set(profiling.op_groups(compiled).values())
+    assert {"matmul", "collective"} <= kinds and kinds <= set(profiling.GROUPS)
+
+
+def test_int8_ptq_keeps_the_loss_within_the_margin_and_shrinks_the_kernels():
+    config = load_config(None, **TINY)
+    model = train.make_model(config)
+    batches = [np.random.default_rng(i).integers(0, 256, (4, 33)).astype(np.int32) for i in range(2)]
+    result = quantization.quantize_and_score(model, batches)
+    assert result.within_margin and abs(result.loss_increase) < quantization.LOSS_MARGIN
+    assert result.int8_bytes < result.float_bytes / 2
+    assert result.quantized is not model  # a copy: the float model is unchanged
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_artifact_weights_are_string_keyed_and_map_back():
+    tree = {"layers": {0: {"w": 1}, 1: {"w": 2}}, "norm": {"scale": 3}}
+    keyed = serving._string_keys(tree)
+    assert keyed == {"layers": {"0": {"w": 1}, "1": {"w": 2}}, "norm": {"scale": 3}}
+    assert serving._with_keys_of(tree, keyed) == tree
+
+
+def test_the_exported_model_loads_in_a_fresh_process_bitwise(tmp_path):
+    model = train.make_model(load_config(None, **TINY))
+    tokens = np.arange(2 * 8, dtype=np.int32).reshape(2, 8)
+    result = serving.export_and_load_elsewhere(model, tokens, tmp_path / "1")
+    assert result.bitwise and result.logits_shape == [2, 8, 256] and result.model_code_imported == []
+    assert set(result.manifest["platforms"]) == {"cpu", "tpu", "cuda"}
