@@ -17,7 +17,7 @@ from stacklib.llm.config import load_config
 # qwix 0.1.8 reads flax variables with the deprecated `.value`: its warnings are not ours.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-CONFIG = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=32,
+CONFIG = dict(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=32,
               seq_len=32, batch_size=8, steps=8, warmup_steps=2, max_corpus_bytes=200_000, eval_batches=2,
               progress=False)
 

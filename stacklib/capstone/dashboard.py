@@ -80,6 +80,7 @@ def _accuracy(ax, report) -> None:
         ax.text(0.5, 0.5, "stage 4 did not run:\nstacklib.align is not installed", ha="center", va="center",
                 transform=ax.transAxes)
         ax.set_xticks([])
+        ax.set_yticks([])
     else:
         ax.bar(range(len(rows)), [value for _, value in rows], color="tab:red")
         for i, (_, value) in enumerate(rows):
@@ -102,6 +103,12 @@ def _quality(ax, report) -> None:
     ax.set(ylabel="bits per byte (lower is better)", title="1-5. Held-out loss per stage")
 
 
+def _null_formatter():
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
+
+
 def _throughput(ax, report) -> None:
     rows = report.throughput_rows()
     ax.barh(range(len(rows)), [value for _, value in rows], color="tab:green")
@@ -109,4 +116,7 @@ def _throughput(ax, report) -> None:
         ax.text(value, i, f" {value:,.0f}", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.set_xscale("log")
+    values = [value for _, value in rows]
+    ax.set_xlim(min(values) / 3, max(values) * 5)  # whole decades, room for the labels
+    ax.xaxis.set_minor_formatter(_null_formatter())
     ax.set(xlabel="tokens per second (log scale)", title="1, 3, 6. Throughput")
