@@ -38,6 +38,29 @@ PROMPTS = ["def main(", "import os\n", "class Config"]  # stage 6, for the stdli
 
 
 @dataclasses.dataclass
+class ServedModel:
+    """What stages 5 and 6 work on: the model, how to score it, and what to ask it."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    prompts: list  # stage 6's prompts: text, or token ids laid out as the model was trained
+    max_tokens: int  # tokens per completion
+    export_tokens: np.ndarray  # (B, T) ids the exported artifact is checked on
+    accuracy: Any = None  # accuracy(model) -> % on a held-out task, or None
+
+
+def served_model(stage4=None) -> ServedModel:
+    """Stage 4's GRPO model with its task where it ran; otherwise chapter 12's cached `stdlib-bytes`."""
+    if stage4 is not None:
+        ids = stage4.prompt_ids()
+        return ServedModel(stage4.name, stage4.model, stage4.tokenizer, ids, stage4.answer_tokens,
+                           np.asarray(ids, np.int32), stage4.accuracy)
+    model, tokenizer = llm.pretrained("stdlib-bytes")
+    return ServedModel("stdlib-bytes", model, tokenizer, PROMPTS, 24, export_tokens(tokenizer, PROMPTS))
+
+
+@dataclasses.dataclass
 class CapstoneReport:
     """Everything the six stages measured."""
 
@@ -110,12 +133,6 @@ class CapstoneReport:
             self.post_training.check()
 
 
-def served_model():
-    """(name, model, tokenizer) for stages 5-6 when stage 4 did not run: chapter 12's zoo model."""
-    model, tokenizer = llm.pretrained("stdlib-bytes")
-    return "stdlib-bytes", model, tokenizer
-
-
 def heldout_batches(name: str = "stdlib-bytes", batches: int = 4) -> list[np.ndarray]:
     """Held-out records of the standard-library corpus at the zoo model's sequence length."""
     return data.heldout_batches(zoo.zoo_config(name).replace(eval_batches=batches))
@@ -135,15 +152,9 @@ def run_all(workdir: str | pathlib.Path | None = None) -> CapstoneReport:
     killed = training.run_and_kill(killed_config, training.kill_after())
     resumed = training.resume(killed_config)
     step_profile = profiling.profile_step(whole, log_dir=str(workdir / "profile"))
-    stage4 = None
-    if post_training.available():
-        stage4 = post_training.run_grpo()
-        name, model, tokenizer = stage4.name, stage4.model, stage4.tokenizer
-        prompts, accuracy = stage4.prompts, stage4.accuracy
-    else:
-        (name, model, tokenizer), prompts, accuracy = served_model(), PROMPTS, None
-    quant = quantization.quantize_and_score(model, heldout_batches(), accuracy)
-    served = serving.serve_with_openai(model, prompts)
-    exported = serving.export_and_load_elsewhere(model, export_tokens(tokenizer, prompts),
-                                                 workdir / "export" / "1")
-    return CapstoneReport(whole, killed, resumed, step_profile, stage4, quant, served, exported, name)
+    stage4 = post_training.run_grpo() if post_training.available() else None
+    target = served_model(stage4)
+    quant = quantization.quantize_and_score(target.model, heldout_batches(), target.accuracy)
+    served = serving.serve_with_openai(target.model, target.prompts, max_tokens=target.max_tokens)
+    exported = serving.export_and_load_elsewhere(target.model, target.export_tokens, workdir / "export" / "1")
+    return CapstoneReport(whole, killed, resumed, step_profile, stage4, quant, served, exported, target.name)

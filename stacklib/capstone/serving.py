@@ -42,7 +42,7 @@ class ServeResult:
     """What stage 6 measured."""
 
     url: str  # where the server listened (it is stopped now)
-    prompts: list[str]
+    prompts: list  # text, or token ids
     completions: list[str]  # through the server, with the openai client
     engine_completions: list[str]  # `LLM.generate` on the same engine, before serving
     burst_requests: int
@@ -54,13 +54,14 @@ class ServeResult:
         return self.burst_tokens / self.burst_seconds
 
 
-def serve_with_openai(model: nnx.Module, prompts: list[str], *, max_tokens: int = 24, burst: int = 16,
-                      name: str = "capstone") -> ServeResult:
+def serve_with_openai(model: nnx.Module, prompts: list[str] | list[list[int]], *, max_tokens: int = 24,
+                      burst: int = 16, name: str = "capstone") -> ServeResult:
     """Serve `model` with the OpenAI-compatible server; query it with the `openai` client.
 
     Args:
       model: a chapter-12 Transformer.
-      prompts: greedy completions of these are compared with the engine's.
+      prompts: text or token ids (OpenAI's completions take both); greedy completions of
+        these are compared with the engine's.
       max_tokens: tokens per completion.
       burst: concurrent requests sent at once to measure throughput.
       name: the served model's name.
@@ -69,7 +70,8 @@ def serve_with_openai(model: nnx.Module, prompts: list[str], *, max_tokens: int 
 
     llm = LLM(model, max_num_seqs=8, block_size=4)
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
-    engine = [output.outputs[0].text for output in llm.generate(prompts, greedy)]
+    as_inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+    engine = [output.outputs[0].text for output in llm.generate(as_inputs, greedy)]
     with http.Server(create_app(llm, served_model_name=name)) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
                                timeout=REQUEST_TIMEOUT)
