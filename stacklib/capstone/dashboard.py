@@ -82,7 +82,8 @@ def _accuracy(ax, report) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
     else:
-        ax.bar(range(len(rows)), [value for _, value in rows], color="tab:red")
+        ax.bar(range(len(rows)), [value for _, value in rows],
+               color=["tab:orange" if "int8" in label else "tab:red" for label, _ in rows])
         for i, (_, value) in enumerate(rows):
             ax.text(i, value, f"{value:.1f}%", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
