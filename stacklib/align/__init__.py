@@ -1,0 +1,25 @@
+"""stacklib.align: post-training (SFT, LoRA, DPO, GRPO), a documented subset of Tunix.
+
+Use it where you would use google-tunix (0.1.7) on a small model:
+
+    from stacklib import align
+    trainer = align.PeftTrainer(model, optax.adam(1e-3), align.TrainingConfig(eval_every_n_steps=50))
+    trainer.train(align.tasks.sft_batches(train, tokenizer, 64, num_batches=300))
+    align.tasks.heldout_accuracy(model, tokenizer, heldout)      # greedy exact match
+
+The pieces, one file each:
+  tasks.py         the verifiable task (addition up to 99), its splits, layout, rewards,
+                   preference pairs and held-out accuracy
+  common.py        pure functions: per-token log-probs, completion masks, KL estimators,
+                   aggregate_loss (tunix.rl.common)
+  peft_trainer.py  PeftTrainer, TrainingConfig, TrainingInput: SFT with the prompt masked out,
+                   gradient accumulation, LoRA/QLoRA adapters only (tunix.sft.peft_trainer)
+
+Layer 4: it imports llm, quant, nn, optim (never infer, serve or the capstone). Each
+file's docstring lists its differences from tunix.
+"""
+
+from stacklib.align import common, tasks
+from stacklib.align.peft_trainer import MetricsLogger, PeftTrainer, TrainingConfig, TrainingInput
+
+__all__ = ["MetricsLogger", "PeftTrainer", "TrainingConfig", "TrainingInput", "common", "tasks"]

@@ -1,0 +1,252 @@
+"""stacklib.align: the task, the pure loss pieces, SFT (full, LoRA, QLoRA), DPO, GRPO, bad input.
+
+Models are tiny (d_model 32, 2 layers, max_seq_len 16) and randomly initialised, so every
+test compiles a few small steps; the recipe on the real zoo model is tested in
+tests/test_align_recipe.py (slow, cached).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stacklib.nn as nnx
+import stacklib.optim as optax
+import stacklib.quant as qwix
+from stacklib.align import common, tasks
+from stacklib.align.peft_trainer import PeftTrainer, TrainingConfig, TrainingInput, next_token_loss
+from stacklib.llm import ByteTokenizer, Transformer, load_config
+
+TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=16, seq_len=16,
+            progress=False)
+TOKENIZER = ByteTokenizer()
+
+
+def tiny_model(seed: int = 0, **changes) -> Transformer:
+    return Transformer(load_config(None, **{**TINY, **changes}), rngs=nnx.Rngs(seed))
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return tasks.make_problems(seed=0, heldout=64)
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+
+def test_train_and_heldout_share_no_problem_in_either_order(problems):
+    train, heldout = problems
+    assert len({(p.a, p.b) for p in train}) == len(train)
+    unordered = lambda ps: {frozenset((p.a, p.b)) for p in ps}  # noqa: E731
+    assert not unordered(train) & unordered(heldout)
+    assert len(train) + len(heldout) == 100 * 100
+    assert tasks.make_problems(seed=0, heldout=64) == problems  # seeded
+    assert tasks.make_problems(seed=1, heldout=64)[1] != heldout
+
+
+def test_a_problem_reads_as_text():
+    problem = tasks.Problem(37, 45)
+    assert (problem.prompt, problem.answer, problem.completion) == ("37+45=", "82", "82\n")
+
+
+def test_sft_batch_masks_the_prompt_and_keeps_the_answer_and_its_newline():
+    batch = tasks.sft_batch([tasks.Problem(3, 4), tasks.Problem(99, 99)], TOKENIZER)
+    tokens, mask = batch["input_tokens"], batch["input_mask"]
+    assert tokens.shape == mask.shape == (2, tasks.PROMPT_WIDTH + tasks.ANSWER_TOKENS)
+    assert TOKENIZER.decode(tokens[0]) == "\x00\x003+4=7\n\x00\x00"
+    assert TOKENIZER.decode(tokens[1]) == "99+99=198\n"
+    assert TOKENIZER.decode(tokens[0][mask[0] == 1]) == "7\n"
+    assert TOKENIZER.decode(tokens[1][mask[1] == 1]) == "198\n"
+
+
+@pytest.mark.parametrize("completion, parsed", [
+    ("82\n", "82"), ("82\nxyz", "82"), ("082\n", "82"), ("82", None), ("8 2\n", None), ("\n", None),
+    ("1234\n", None), ("-3\n", None),
+])
+def test_parse_answer_reads_digits_up_to_the_newline(completion, parsed):
+    assert tasks.parse_answer(completion) == parsed
+
+
+def test_rewards_score_exact_answers_and_well_formed_ones():
+    completions = ["7\n", "8\n", "7", "seven\n"]
+    prompts = ["3+4="] * 4
+    assert tasks.exact_match_reward(prompts, completions, answer=["7"] * 4) == [1.0, 0.0, 0.0, 0.0]
+    assert tasks.format_reward(prompts, completions) == [0.1, 0.1, 0.0, 0.0]
+
+
+def test_preference_pairs_reject_a_plausible_wrong_answer(problems):
+    train, _ = problems
+    batch = tasks.preference_batch(train[:50], TOKENIZER, seed=0)
+    for row, problem in enumerate(train[:50]):
+        chosen = TOKENIZER.decode(batch["chosen_ids"][row][batch["chosen_mask"][row] == 1])
+        rejected = TOKENIZER.decode(batch["rejected_ids"][row][batch["rejected_mask"][row] == 1])
+        assert chosen == problem.completion
+        assert rejected.endswith("\n") and rejected != chosen
+        assert abs(int(rejected) - int(problem.answer)) in (1, 10)
+    assert batch["prompt_mask"].sum(1).tolist() == [len(p.prompt) for p in train[:50]]
+
+
+def test_heldout_accuracy_is_zero_for_a_random_model_and_one_for_an_oracle(problems, monkeypatch):
+    _, heldout = problems
+    model = tiny_model()
+    assert tasks.heldout_accuracy(model, TOKENIZER, heldout[:8]) == 0.0
+    oracle = lambda m, t, prompts, **kw: [str(eval(p[:-1])) + "\n" for p in prompts]  # noqa: E731
+    monkeypatch.setattr(tasks, "complete", oracle)
+    assert tasks.heldout_accuracy(model, TOKENIZER, heldout) == 1.0
+
+
+def test_a_prompt_wider_than_the_layout_is_named():
+    with pytest.raises(ValueError, match=r"Prompt 1 \('100\+100='\) has 8 tokens.*width 6"):
+        tasks.encode_prompts(["1+1=", "100+100="], TOKENIZER)
+
+
+# -- common --------------------------------------------------------------------------------------
+
+def test_selective_log_softmax_is_the_log_softmax_entry():
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 11)) * 3
+    ids = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
+    expected = jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
+    np.testing.assert_allclose(common.selective_log_softmax(logits, ids), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_per_token_logps_score_each_completion_token_from_the_position_before():
+    model = tiny_model()
+    prompt = jnp.array([[0, 51, 43, 52, 61]])  # "\03+4="
+    completion = jnp.array([[55, 10, 0]])
+    logps = common.per_token_logps(model, prompt, completion)
+    full = jax.nn.log_softmax(model(jnp.concatenate([prompt, completion], 1)))
+    expected = [full[0, 4, 55], full[0, 5, 10], full[0, 6, 0]]
+    np.testing.assert_allclose(logps[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(common.compute_per_token_logps(model, prompt, completion), logps, atol=1e-5)
+    hot = common.compute_per_token_logps(model, prompt, completion, temperature=2.0)
+    expected_hot = common.per_token_logps(model, prompt, completion, temperature=2.0)
+    np.testing.assert_allclose(hot, expected_hot, atol=1e-5)
+
+
+def test_completion_mask_stops_after_the_first_stop_token():
+    ids = np.array([[5, 10, 7, 10], [5, 6, 7, 8], [10, 1, 1, 1]])
+    expected = [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    np.testing.assert_array_equal(common.make_completion_mask(jnp.asarray(ids), eos_tok=10), expected)
+    np.testing.assert_array_equal(common.np_make_completion_mask(ids, eos_tok=10), expected)
+
+
+def test_kl_estimators_are_zero_at_equal_policies_and_k3_is_never_negative():
+    logp = jax.random.normal(jax.random.key(0), (4, 6))
+    ref = logp + jax.random.normal(jax.random.key(1), (4, 6))
+    for method in common.KL_METHODS:
+        np.testing.assert_allclose(common.compute_kl_divergence(logp, logp, method), 0.0, atol=1e-7)
+    assert float(common.compute_kl_divergence(logp, ref, "low_var_kl").min()) >= 0.0
+    np.testing.assert_allclose(common.compute_kl_divergence(logp, ref, "kl"), logp - ref, rtol=1e-6)
+    assert float(common.compute_kl_divergence(logp, ref - 100, "low_var_kl", clamp_value=5.0).max()) <= 5.0
+    with pytest.raises(ValueError, match="method='forward'.*low_var_kl"):
+        common.compute_kl_divergence(logp, ref, "forward")
+
+
+def test_aggregate_loss_modes_weigh_tokens_and_sequences_as_documented():
+    loss = jnp.array([[1.0, 2.0, 3.0, 4.0], [10.0, 0.0, 0.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    mask = jnp.array([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]])  # the third row is empty
+    agg = lambda mode, **kw: float(common.aggregate_loss(loss, mask, mode, **kw))  # noqa: E731
+    assert agg("token-mean") == pytest.approx(20 / 5)
+    assert agg("sequence-mean-token-mean") == pytest.approx((2.5 + 10) / 2)
+    assert agg("sequence-mean-token-scale") == pytest.approx((10 / 4 + 10 / 4) / 2)
+    assert agg("seq-mean-token-sum") == pytest.approx((10 + 10) / 2)
+    assert agg("sequence-mean-token-sum-norm", norm=4) == pytest.approx(20 / 4)
+    with pytest.raises(ValueError, match="loss_agg_mode='mean'.*token-mean"):
+        agg("mean")
+    with pytest.raises(ValueError, match="norm=0"):
+        agg("sequence-mean-token-scale", norm=0)
+
+
+# -- SFT -------------------------------------------------------------------------------------------
+
+def _sft_batches(problems, n, batch=8):
+    return list(tasks.sft_batches(problems, TOKENIZER, batch, seed=0, num_batches=n))
+
+
+def test_next_token_loss_ignores_the_prompt():
+    model = tiny_model()
+    batch = tasks.sft_batch([tasks.Problem(3, 4)], TOKENIZER)
+    tokens = jnp.asarray(batch["input_tokens"])
+    changed = tokens.at[0, 3].set(ord("-"))  # "3-4=": a prompt token
+    base = float(next_token_loss(model, tokens, batch["input_mask"]))
+    full = jax.nn.log_softmax(model(tokens))
+    expected = -(full[0, 5, ord("7")] + full[0, 6, 10]) / 2  # '7' predicted at '=' (5), '\n' at '7' (6)
+    assert base == pytest.approx(float(expected), rel=1e-5)
+    assert float(next_token_loss(model, changed, batch["input_mask"])) != base  # the prompt conditions ...
+    ones = np.ones_like(batch["input_mask"])
+    assert float(next_token_loss(model, tokens, ones)) != base  # ... but is not a target
+
+
+def test_full_sft_lowers_the_loss_and_logs_a_loss_per_step(problems):
+    train, heldout = problems
+    model = tiny_model()
+    trainer = PeftTrainer(model, optax.adam(3e-3), TrainingConfig(eval_every_n_steps=5, max_steps=20))
+    trainer.train(_sft_batches(train, 40), _sft_batches(heldout, 2))
+    history = trainer.metrics_logger.get_metric_history("", "loss", "train")
+    assert len(history) == trainer.train_steps == 20
+    assert history[-5:].mean() < 0.7 * history[:5].mean()
+    assert trainer.metrics_logger.get_metric_steps("", "loss", "eval").tolist() == [0, 5, 10, 15, 20]
+    evals = trainer.metrics_logger.get_metric_history("", "loss", "eval")
+    assert evals[-1] < evals[0]
+    assert trainer.trainable_params == sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    with pytest.raises(ValueError, match="Metric '/train/acc' not found.*'loss'"):
+        trainer.metrics_logger.get_metric("", "acc", "train")
+
+
+def test_gradient_accumulation_of_k_batches_is_one_step_on_their_union(problems):
+    train, _ = problems
+    batches = _sft_batches(train, 2, batch=4)
+    # MultiSteps applies the mean of the two batches' gradients.
+    one, two = tiny_model(), tiny_model()
+    accumulated = PeftTrainer(one, optax.sgd(0.5), TrainingConfig(eval_every_n_steps=10,
+                                                                   gradient_accumulation_steps=2))
+    accumulated.train(batches)
+    assert (accumulated.train_steps, accumulated.iter_steps) == (1, 2)
+    graphdef, params = nnx.split(two, nnx.Param)
+    grad = jax.jit(jax.grad(lambda p, b: next_token_loss(nnx.merge(graphdef, p), **b)))
+    grads = [grad(params, b) for b in batches]
+    expected = jax.tree.map(lambda p, g1, g2: p - 0.5 * (g1 + g2) / 2, params, *grads)
+    for got, want in zip(jax.tree.leaves(nnx.state(one, nnx.Param)), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_training_input_and_a_custom_gen_model_input_fn(problems):
+    train, _ = problems
+    batch = _sft_batches(train, 1)[0]
+    trainer = PeftTrainer(tiny_model(), optax.sgd(0.1), TrainingConfig(eval_every_n_steps=10, max_steps=1))
+    trainer.train([TrainingInput(batch["input_tokens"], batch["input_mask"])])
+    seen = []
+    trainer = PeftTrainer(tiny_model(), optax.sgd(0.1), TrainingConfig(eval_every_n_steps=10, max_steps=1))
+    trainer.with_gen_model_input_fn(lambda x: seen.append(1) or {"input_tokens": x[0], "input_mask": x[1]})
+    trainer.train([(batch["input_tokens"], batch["input_mask"])])
+    assert seen and trainer.train_steps == 1
+
+
+@pytest.mark.parametrize("weight_qtype", [None, jnp.int8], ids=["lora", "qlora"])
+def test_lora_sft_trains_only_the_adapters_and_the_base_stays_bit_identical(problems, weight_qtype):
+    train, _ = problems
+    base = tiny_model()
+    batches = _sft_batches(train, 15)
+    rule = qwix.LoraRule(module_path=".*", rank=4, alpha=8.0, weight_qtype=weight_qtype)
+    provider = qwix.LoraProvider([rule])
+    lora = qwix.apply_lora_to_model(base, provider, jnp.asarray(batches[0]["input_tokens"]), rngs=nnx.Rngs(1))
+    _, adapters_before, frozen_before = nnx.split(lora, qwix.LoRAParam, ...)
+    frozen_before = [np.array(x) for x in jax.tree.leaves(frozen_before)]
+    adapters_before = [np.array(x) for x in jax.tree.leaves(adapters_before)]
+    trainer = PeftTrainer(lora, optax.adam(1e-2), TrainingConfig(eval_every_n_steps=100, max_steps=15))
+    trainer.train(batches)
+    _, adapters_after, frozen_after = nnx.split(lora, qwix.LoRAParam, ...)
+    assert trainer.trainable_params == sum(x.size for x in jax.tree.leaves(adapters_after)) > 0
+    assert trainer.trainable_params < sum(x.size for x in jax.tree.leaves(frozen_after)) / 5
+    for before, after in zip(frozen_before, jax.tree.leaves(frozen_after), strict=True):
+        assert before.dtype == after.dtype
+        np.testing.assert_array_equal(before, after)
+    moved = [float(jnp.abs(a - b).max()) for a, b in zip(adapters_before,
+                                                          jax.tree.leaves(adapters_after), strict=True)]
+    assert min(moved) > 0
+    history = trainer.metrics_logger.get_metric_history("", "loss", "train")
+    assert history[-3:].mean() < history[:3].mean()
+
+
+def test_training_config_rejects_nonpositive_counts():
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=0.*positive integer"):
+        TrainingConfig(eval_every_n_steps=1, gradient_accumulation_steps=0)
