@@ -14,6 +14,7 @@ import stacklib.nn as nnx
 import stacklib.optim as optax
 import stacklib.quant as qwix
 from stacklib.align import common, tasks
+from stacklib.align.dpo_trainer import DPOTrainer, DPOTrainingConfig, dpo_loss_fn
 from stacklib.align.peft_trainer import PeftTrainer, TrainingConfig, TrainingInput, next_token_loss
 from stacklib.llm import ByteTokenizer, Transformer, load_config
 
@@ -250,3 +251,50 @@ def test_lora_sft_trains_only_the_adapters_and_the_base_stays_bit_identical(prob
 def test_training_config_rejects_nonpositive_counts():
     with pytest.raises(ValueError, match=r"gradient_accumulation_steps=0.*positive integer"):
         TrainingConfig(eval_every_n_steps=1, gradient_accumulation_steps=0)
+
+
+# -- DPO -------------------------------------------------------------------------------------------
+
+def test_dpo_loss_is_log2_at_the_reference_and_falls_as_the_margin_grows():
+    zeros = jnp.zeros(4)
+    loss, aux = dpo_loss_fn(zeros - 3, zeros - 5, zeros - 3, zeros - 5, beta=0.1)
+    assert float(loss) == pytest.approx(np.log(2))
+    assert float(aux["rewards/margin"]) == 0.0 and float(aux["rewards/accuracy"]) == 0.0
+    loss2, aux2 = dpo_loss_fn(zeros - 2, zeros - 6, zeros - 3, zeros - 5, beta=0.1)
+    assert float(loss2) < float(loss)
+    assert float(aux2["rewards/margin"]) == pytest.approx(0.1 * 2)
+    assert float(aux2["rewards/accuracy"]) == 1.0
+    smoothed, _ = dpo_loss_fn(zeros + 50, zeros - 50, None, None, beta=1.0, label_smoothing=0.2)
+    assert float(smoothed) == pytest.approx(0.2 * 100, rel=1e-3)  # a flipped label pays for a huge margin
+
+
+def test_dpo_training_raises_the_margin_and_the_reference_stays_frozen(problems):
+    train, _ = problems
+    policy, reference = tiny_model(), tiny_model()
+    before = [np.array(x) for x in jax.tree.leaves(nnx.state(reference))]
+    pairs = [tasks.preference_batch(train[i * 16:(i + 1) * 16], TOKENIZER, seed=i) for i in range(3)]
+    trainer = DPOTrainer(policy, reference, optax.adam(3e-3),
+                         DPOTrainingConfig(eval_every_n_steps=100, max_steps=12, beta=0.5))
+    trainer.train(pairs * 4)
+    margins = trainer.metrics_logger.get_metric_history("", "rewards/margin", "train")
+    assert len(margins) == 12 and margins[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 0
+    assert margins[-3:].mean() > 0.5
+    assert trainer.metrics_logger.get_metric("", "rewards/accuracy", "train") > 0.9
+    for old, new in zip(before, jax.tree.leaves(nnx.state(reference)), strict=True):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_mismatched_chosen_and_rejected_batches_are_named(problems):
+    train, _ = problems
+    pairs = tasks.preference_batch(train[:4], TOKENIZER)
+    trainer = DPOTrainer(tiny_model(), None, optax.sgd(0.1), DPOTrainingConfig(eval_every_n_steps=1))
+    short = {**pairs, "rejected_ids": pairs["rejected_ids"][:3], "rejected_mask": pairs["rejected_mask"][:3]}
+    with pytest.raises(ValueError, match="rejected_ids has 3 rows but there are 4 prompts"):
+        trainer.train([short])
+    narrow = {**pairs, "chosen_mask": pairs["chosen_mask"][:, :2]}
+    with pytest.raises(ValueError, match=r"chosen_mask has shape \(4, 2\) but chosen_ids has \(4, 4\)"):
+        trainer.train([narrow])
+    with pytest.raises(ValueError, match="missing \\['rejected_ids'"):
+        trainer.train([{k: v for k, v in pairs.items() if k != "rejected_ids"}])
+    with pytest.raises(ValueError, match="DPO only"):
+        DPOTrainingConfig(eval_every_n_steps=1, algorithm="orpo")

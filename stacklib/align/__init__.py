@@ -14,12 +14,18 @@ The pieces, one file each:
                    aggregate_loss (tunix.rl.common)
   peft_trainer.py  PeftTrainer, TrainingConfig, TrainingInput: SFT with the prompt masked out,
                    gradient accumulation, LoRA/QLoRA adapters only (tunix.sft.peft_trainer)
+  dpo_trainer.py   DPOTrainer, DPOTrainingConfig, dpo_loss_fn: preference pairs against a
+                   frozen reference (tunix.sft.dpo.dpo_trainer)
 
 Layer 4: it imports llm, quant, nn, optim (never infer, serve or the capstone). Each
 file's docstring lists its differences from tunix.
 """
 
 from stacklib.align import common, tasks
+from stacklib.align.dpo_trainer import DPOTrainer, DPOTrainingConfig, dpo_loss_fn
 from stacklib.align.peft_trainer import MetricsLogger, PeftTrainer, TrainingConfig, TrainingInput
 
-__all__ = ["MetricsLogger", "PeftTrainer", "TrainingConfig", "TrainingInput", "common", "tasks"]
+__all__ = [
+    "DPOTrainer", "DPOTrainingConfig", "MetricsLogger", "PeftTrainer", "TrainingConfig", "TrainingInput",
+    "common", "dpo_loss_fn", "tasks",
+]
