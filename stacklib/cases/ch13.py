@@ -12,12 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stacklib.align.common import aggregate_loss, compute_kl_divergence
+from stacklib.align.dpo_trainer import dpo_loss_fn
+from stacklib.align.peft_trainer import next_token_loss
 from stacklib.grading import Exercise, call_on_copies, expect, expect_close
 
-# The references. Until `stacklib.align` lands they are written out here, with the formulas
-# of tunix 0.1.7 (sft/peft_trainer.py `_default_loss_fn`, sft/dpo/dpo_trainer.py
-# `dpo_loss_fn`, rl/algo_core.py `compute_advantages` and `grpo_loss_fn`, rl/common.py
-# `compute_kl_divergence` and `aggregate_loss`).
+# The references: stacklib.align's functions where the exercise is one of them; the
+# clipped objective and the advantages are written out with tunix 0.1.7's formulas
+# (rl/algo_core.py `grpo_loss_fn`, `compute_advantages`) around stacklib.align's
+# `aggregate_loss`.
 
 
 def _random(seed: int, shape, scale: float = 1.0) -> np.ndarray:
@@ -25,28 +28,15 @@ def _random(seed: int, shape, scale: float = 1.0) -> np.ndarray:
 
 
 def _reference_completion_loss(logits, tokens, prompt_lengths, lengths):
-    B, T, _ = logits.shape
+    T = tokens.shape[1]
     positions = np.arange(T)[None, :]  # (1, T)
     mask = (positions >= np.asarray(prompt_lengths)[:, None]) & (positions < np.asarray(lengths)[:, None])
-    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32)[:, :-1]))  # predicts tokens[:, 1:]
-    picked = np.take_along_axis(logp, np.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]  # (B, T-1)
-    target_mask = mask[:, 1:]
-    return float(-(picked * target_mask).sum() / target_mask.sum())
+    return float(next_token_loss(lambda _: jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask)))
 
 
 def _reference_dpo(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):
-    chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
-    delta = chosen_ratio - rejected_ratio
-    losses = -(jax.nn.log_sigmoid(beta * delta) * (1 - label_smoothing)
-               + jax.nn.log_sigmoid(-beta * delta) * label_smoothing)
-    chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
-    metrics = {
-        "rewards/chosen": chosen_rewards.mean(),
-        "rewards/rejected": rejected_rewards.mean(),
-        "rewards/margin": (chosen_rewards - rejected_rewards).mean(),
-        "rewards/accuracy": (chosen_rewards > rejected_rewards).mean(),
-    }
-    return float(losses.mean()), {k: float(v) for k, v in metrics.items()}
+    loss, metrics = dpo_loss_fn(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing)
+    return float(loss), {k: float(metrics[k]) for k in _DPO_METRICS}
 
 
 def _reference_advantages(rewards, num_generations):
@@ -56,27 +46,15 @@ def _reference_advantages(rewards, num_generations):
     return (np.asarray(rewards, np.float64) - mean) / (std + 1e-6)
 
 
-def _aggregate(per_token, mask, mode):
-    if mode == "token-mean":
-        return (per_token * mask).sum() / max(mask.sum(), 1)
-    rows = mask.sum(-1)
-    return ((per_token * mask).sum(-1) / np.maximum(rows, 1)).sum() / max((rows > 0).sum(), 1)
-
-
 def _reference_policy_loss(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):
-    ratio = np.exp(np.clip(logps - old_logps, -20.0, 20.0))
-    adv = advantages[:, None]
-    per_token = np.maximum(-adv * ratio, -adv * np.clip(ratio, 1 - epsilon, 1 + epsilon))
-    return float(_aggregate(per_token, mask, loss_agg_mode))
+    ratio = jnp.exp(jnp.clip(jnp.asarray(logps - old_logps), -20.0, 20.0))  # tunix clips the log-ratio
+    adv = jnp.asarray(advantages)[:, None]
+    per_token = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - epsilon, 1 + epsilon))
+    return float(aggregate_loss(per_token, jnp.asarray(mask), loss_agg_mode))
 
 
 def _reference_kl(logps, ref_logps, method):
-    if method == "kl":
-        return logps - ref_logps
-    if method == "mse_kl":
-        return 0.5 * np.square(logps - ref_logps)
-    diff = ref_logps - logps
-    return np.exp(diff) - diff - 1
+    return np.asarray(compute_kl_divergence(jnp.asarray(logps), jnp.asarray(ref_logps), method), np.float64)
 
 
 # ---------------------------------------------------------------- 13.completion_loss
@@ -302,7 +280,7 @@ kl_estimator = Exercise("13.kl_estimator", "Per-token estimators of KL(policy ||
 def _check_kl(kl_fn, method, what, seed):
     logps = _random(seed, (3, 5), 0.7) - 2.0
     ref_logps = logps + _random(seed + 1, (3, 5), 0.5)
-    expected = _reference_kl(logps.astype(np.float64), ref_logps.astype(np.float64), method)
+    expected = _reference_kl(logps, ref_logps, method)
     got = call_on_copies(kl_fn, logps, ref_logps, method, what="kl_divergence")
     expect_close(np.asarray(got, np.float64), expected, rtol=1e-4, atol=1e-6, what=what)
 
