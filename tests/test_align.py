@@ -15,7 +15,9 @@ import stacklib.optim as optax
 import stacklib.quant as qwix
 from stacklib.align import common, tasks
 from stacklib.align.dpo_trainer import DPOTrainer, DPOTrainingConfig, dpo_loss_fn
+from stacklib.align.grpo_learner import GRPOConfig, GRPOLearner, compute_advantages, grpo_policy_loss
 from stacklib.align.peft_trainer import PeftTrainer, TrainingConfig, TrainingInput, next_token_loss
+from stacklib.align.rl_cluster import ClusterConfig, Mode, RLCluster, RLTrainingConfig, RolloutConfig
 from stacklib.llm import ByteTokenizer, Transformer, load_config
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=16, seq_len=16,
@@ -298,3 +300,171 @@ def test_mismatched_chosen_and_rejected_batches_are_named(problems):
         trainer.train([{k: v for k, v in pairs.items() if k != "rejected_ids"}])
     with pytest.raises(ValueError, match="DPO only"):
         DPOTrainingConfig(eval_every_n_steps=1, algorithm="orpo")
+
+
+# -- GRPO: the pure pieces --------------------------------------------------------------------------
+
+def test_advantages_standardise_rewards_within_each_group():
+    rewards = np.array([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0])
+    adv = compute_advantages(rewards, 4)
+    first = (rewards[:4] - 0.25) / (np.std(rewards[:4], ddof=1) + 1e-6)
+    np.testing.assert_allclose(adv[:4], first)
+    np.testing.assert_array_equal(adv[4:], 0.0)  # a group with equal rewards teaches nothing
+    assert adv[:4].sum() == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("rewards, generations, message", [
+    (np.ones(4), 1, "num_generations=1: a group needs at least 2"),
+    (np.ones(0), 4, "No rewards: the batch has no prompts"),
+    (np.ones(6), 4, "6 rewards do not split into groups of num_generations=4"),
+])
+def test_advantages_reject_groups_that_cannot_be_compared(rewards, generations, message):
+    with pytest.raises(ValueError, match=message):
+        compute_advantages(rewards, generations)
+
+
+def test_grpo_config_needs_two_generations_and_known_modes():
+    with pytest.raises(ValueError, match="num_generations=1: GRPO compares completions within a group"):
+        GRPOConfig(num_generations=1)
+    with pytest.raises(ValueError, match="loss_agg_mode='mean'"):
+        GRPOConfig(num_generations=2, loss_agg_mode="mean")
+    with pytest.raises(ValueError, match="kl_loss_mode='k2'"):
+        GRPOConfig(num_generations=2, kl_loss_mode="k2")
+
+
+def test_policy_loss_at_ratio_one_is_minus_the_mean_advantage_and_its_gradient_is_reinforce():
+    logps = jax.random.normal(jax.random.key(0), (4, 3)) - 2.0
+    adv = jnp.array([1.0, -1.0, 0.5, -0.5])
+    mask = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
+    config = GRPOConfig(num_generations=2, beta=0.0)
+    loss, aux = grpo_policy_loss(logps, None, None, adv, mask, config)
+    assert float(loss) == pytest.approx(-float(adv.mean()), abs=1e-6)
+    grad = jax.grad(lambda lp: grpo_policy_loss(lp, None, None, adv, mask, config)[0])(logps)
+    expected = -adv[:, None] * mask / mask.sum(1, keepdims=True) / 4  # d/dlogp of -A * exp(logp - sg(logp))
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+    assert float(aux["pg_clipfrac"]) == 0.0 and float(aux["kl"]) == 0.0
+
+
+def test_policy_loss_clips_a_ratio_outside_the_trust_region():
+    old = jnp.zeros((2, 1)) - 1.0
+    logps = old + jnp.log(jnp.array([[1.5], [0.5]]))  # ratios 1.5 and 0.5
+    adv, mask = jnp.array([1.0, -1.0]), jnp.ones((2, 1))
+    config = GRPOConfig(num_generations=2, beta=0.0, epsilon=0.2)
+    loss, aux = grpo_policy_loss(logps, old, None, adv, mask, config)
+    # A > 0 and ratio 1.5: capped at 1.2; A < 0 and ratio 0.5: capped at 0.8. Both pessimistic.
+    assert float(loss) == pytest.approx((-1.2 + 0.8) / 2)
+    assert float(aux["pg_clipfrac"]) == 1.0
+    grad = jax.grad(lambda lp: grpo_policy_loss(lp, old, None, adv, mask, config)[0])(logps)
+    np.testing.assert_array_equal(grad, 0.0)  # clipped: no push further out
+
+
+def test_policy_loss_adds_beta_times_the_kl_to_the_reference():
+    logps = jnp.array([[-1.0, -2.0]])
+    ref = jnp.array([[-1.5, -1.0]])
+    mask = jnp.ones((1, 2))
+    config = GRPOConfig(num_generations=2, beta=0.1, kl_loss_mode="low_var_kl")
+    loss, aux = grpo_policy_loss(logps, None, ref, jnp.zeros(1), mask, config)
+    kl = common.compute_kl_divergence(logps, ref, "low_var_kl").mean()
+    assert float(aux["kl"]) == pytest.approx(float(kl), rel=1e-6)
+    assert float(loss) == pytest.approx(0.1 * float(kl), rel=1e-6)
+
+
+# -- GRPO: the cluster and the learner, on a tiny model ---------------------------------------------
+
+def tiny_cluster(model=None, reference="clone", temperature=1.0, max_prompt_length=6, max_steps=8, lr=1e-2):
+    model = model or tiny_model()
+    reference = nnx.clone(model) if reference == "clone" else reference
+    rollout = RolloutConfig(max_tokens_to_generate=4, temperature=temperature,
+                            max_prompt_length=max_prompt_length, eos_tokens=[10], seed=0)
+    greedy = RolloutConfig(max_tokens_to_generate=4, temperature=0.0, max_prompt_length=max_prompt_length,
+                           eos_tokens=[10])
+    training = RLTrainingConfig(actor_optimizer=optax.adam(lr), eval_every_n_steps=4, max_steps=max_steps)
+    config = ClusterConfig(training_config=training, rollout_config={Mode.TRAIN: rollout, Mode.EVAL: greedy})
+    return RLCluster(actor=model, reference=reference, tokenizer=TOKENIZER, cluster_config=config)
+
+
+def test_rollouts_stop_at_the_first_eos_and_keep_it_in_the_text():
+    cluster = tiny_cluster()
+    out = cluster.generate(["1+2="] * 64)
+    assert out.tokens.shape == out.completion_mask.shape == (64, 4)
+    assert out.left_padded_prompt_tokens.shape == (64, 6)
+    for text, ids, mask in zip(out.text, out.tokens, out.completion_mask, strict=True):
+        assert TOKENIZER.decode(ids[mask == 1]) == text
+        assert "\n" not in text[:-1]  # nothing after the first stop
+        assert (ids[mask == 0] == 0).all()
+    assert any(t.endswith("\n") for t in out.text) or all(m.all() for m in out.completion_mask)
+
+
+def test_the_cluster_refuses_a_reference_that_shares_the_actors_weights():
+    model = tiny_model()
+    graphdef, state = nnx.split(model)
+    with pytest.raises(ValueError, match=r"shares weights.*reference=nnx.clone\(actor\)"):
+        tiny_cluster(nnx.merge(graphdef, state), reference=nnx.merge(graphdef, state))
+
+
+def test_prompts_longer_than_the_context_are_named():
+    with pytest.raises(ValueError, match=r"max_prompt_length=14 \+ max_tokens_to_generate=4 exceeds the "
+                                          "actor's "
+                                         r"context \(max_seq_len=16\)"):
+        tiny_cluster(max_prompt_length=14)
+    cluster = tiny_cluster()
+    with pytest.raises(ValueError, match=r"Prompt 1 \('123\+456='\) has 8 tokens, more than "
+                                          "max_prompt_length=6"):
+        cluster.generate(["1+1=", "123+456="])
+
+
+def digit_reward(prompts, completions, **kwargs):
+    return [float(c[:1].isdigit()) for c in completions]
+
+
+def test_grpo_raises_the_reward_of_a_tiny_model_and_logs_reward_and_kl():
+    cluster = tiny_cluster(max_steps=10)
+    learner = GRPOLearner(cluster, GRPOConfig(num_generations=8, beta=0.04), [digit_reward])
+    batches = [{"prompts": np.array(["1+2=", "3+4=", "5+6=", "7+8="] * 4)}] * 10
+    learner.train(batches, eval_ds=batches[:1])
+    logger = cluster.metrics_logger
+    rewards = logger.get_metric_history("", "rewards/mean", "train")
+    assert len(rewards) == 10 and cluster.global_steps == 10
+    assert rewards[-3:].mean() > 2 * rewards[:3].mean() + 0.05
+    kl = logger.get_metric_history("", "kl", "train")
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 0  # the actor moved away from the reference
+    assert logger.get_metric_steps("", "rewards/digit_reward", "eval").tolist() == [0, 4, 8]
+    assert learner.train_time > 0
+
+
+def test_the_older_argument_order_and_grpo_config_keyword_work():
+    config = GRPOConfig(num_generations=2)
+    assert GRPOLearner(tiny_cluster(), [digit_reward], config).algo_config.num_generations == 2
+    learner = GRPOLearner(tiny_cluster(), grpo_config=config, reward_fns=digit_reward)
+    assert learner.reward_fns == [digit_reward]
+
+
+def broken_reward(prompts, completions, **kwargs):
+    raise KeyError("answer")
+
+
+def short_reward(prompts, completions, **kwargs):
+    return [1.0]
+
+
+def nan_reward(prompts, completions, **kwargs):
+    return [float("nan")] * len(completions)
+
+
+@pytest.mark.parametrize("reward_fn, error, message", [
+    (broken_reward, RuntimeError, r"Reward function 'broken_reward' raised KeyError: 'answer'.*other "
+                                   "columns are "
+                                  r"\['answer'\]"),
+    (short_reward, ValueError, "Reward function 'short_reward' returned 1 values for 4 completions"),
+    (nan_reward, ValueError, "Reward function 'nan_reward' returned a non-finite reward"),
+])
+def test_a_bad_reward_function_is_named(reward_fn, error, message):
+    learner = GRPOLearner(tiny_cluster(), GRPOConfig(num_generations=2), [reward_fn])
+    with pytest.raises(error, match=message):
+        learner.train([{"prompts": np.array(["1+2=", "3+4="]), "answer": np.array(["3", "7"])}])
+
+
+def test_an_empty_batch_is_named():
+    learner = GRPOLearner(tiny_cluster(), GRPOConfig(num_generations=2), [digit_reward])
+    with pytest.raises(ValueError, match="no prompts"):
+        learner.train([{"prompts": np.array([], dtype=str)}])

@@ -174,6 +174,7 @@ class PeftTrainer:
         self._iter_steps = 0
         self.train_time = 0.0  # seconds in train(), evaluation excluded
         self._jitted = None
+        self.is_managed_externally = False  # True: a learner decides when to stop (tunix's flag)
 
     # -- the tunix builder methods ------------------------------------------------------------
     def with_loss_fn(self, loss_fn: Callable, has_aux: bool = False) -> PeftTrainer:
@@ -254,7 +255,8 @@ class PeftTrainer:
         start = time.perf_counter()
         eval_time = 0.0
         for example in train_ds:
-            if self.config.max_steps is not None and self._train_steps >= self.config.max_steps:
+            if (not self.is_managed_externally and self.config.max_steps is not None
+                    and self._train_steps >= self.config.max_steps):
                 break
             example = self._prepare_inputs(example)
             params, self.opt_state, loss, aux, grad_norm = train_step(
