@@ -13,7 +13,8 @@ import pytest
 import stacklib.nn as nnx
 import stacklib.optim as optax
 import stacklib.quant as qwix
-from stacklib.align import common, tasks
+from stacklib.align import common, recipes, tasks
+from stacklib.align import zoo as align_zoo
 from stacklib.align.dpo_trainer import DPOTrainer, DPOTrainingConfig, dpo_loss_fn
 from stacklib.align.grpo_learner import GRPOConfig, GRPOLearner, compute_advantages, grpo_policy_loss
 from stacklib.align.peft_trainer import PeftTrainer, TrainingConfig, TrainingInput, next_token_loss
@@ -468,3 +469,33 @@ def test_an_empty_batch_is_named():
     learner = GRPOLearner(tiny_cluster(), GRPOConfig(num_generations=2), [digit_reward])
     with pytest.raises(ValueError, match="no prompts"):
         learner.train([{"prompts": np.array([], dtype=str)}])
+
+
+# -- the zoo: trained once, cached ---------------------------------------------------------------
+
+def test_the_zoo_trains_once_loads_after_and_rebuilds_a_corrupt_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
+    base = tiny_model()  # in place of llm.pretrained(recipe.base_model), to keep the test fast
+    monkeypatch.setattr(recipes, "base_model", lambda recipe: (nnx.clone(base), TOKENIZER))
+    recipe = recipes.Recipe(base_model="tiny", heldout=16, validation=16, sft_eval_every=2, sft_max_steps=2,
+                            sft_batch_size=8, grpo_steps=2, grpo_prompts=2, num_generations=2)
+    calls = []
+    monkeypatch.setattr(recipes, "grpo", lambda *a, **k: calls.append(1) or _original_grpo(*a, **k))
+    model, _, info = align_zoo.grpo(recipe=recipe)
+    assert (info["method"], info["steps"], len(info["reward"]), calls) == ("grpo", 2, 2, [1])
+    assert info["recipe"] == recipe.to_dict() and 0.0 <= info["heldout_accuracy"] <= 1.0
+    again, _, info_again = align_zoo.grpo(recipe=recipe)
+    assert calls == [1] and info_again == info  # loaded, not trained
+    params = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, again)]
+    for a, b in zip(*params, strict=True):
+        np.testing.assert_array_equal(a, b)
+    names = sorted(p.name for p in (tmp_path / "align").iterdir() if not p.name.endswith(".lock"))
+    assert [n.split("-")[0] for n in names] == ["grpo", "sft"]
+    damaged = next((tmp_path / "align" / names[0]).rglob("*lm_head*.bin"))
+    damaged.write_bytes(b"\0" * damaged.stat().st_size)
+    with pytest.warns(UserWarning, match="cannot be loaded"):
+        align_zoo.grpo(recipe=recipe)
+    assert calls == [1, 1]
+
+
+_original_grpo = recipes.grpo
