@@ -12,15 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stacklib.align.common import aggregate_loss, compute_kl_divergence
+from stacklib.align.common import compute_kl_divergence
 from stacklib.align.dpo_trainer import dpo_loss_fn
+from stacklib.align.grpo_learner import GRPOConfig, compute_advantages, grpo_policy_loss
 from stacklib.align.peft_trainer import next_token_loss
 from stacklib.grading import Exercise, call_on_copies, expect, expect_close
 
-# The references: stacklib.align's functions where the exercise is one of them; the
-# clipped objective and the advantages are written out with tunix 0.1.7's formulas
-# (rl/algo_core.py `grpo_loss_fn`, `compute_advantages`) around stacklib.align's
-# `aggregate_loss`.
+# The references are stacklib.align's own functions; each equals tunix 0.1.7's on the same
+# inputs (tests/test_align_parity.py).
 
 
 def _random(seed: int, shape, scale: float = 1.0) -> np.ndarray:
@@ -40,17 +39,14 @@ def _reference_dpo(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoot
 
 
 def _reference_advantages(rewards, num_generations):
-    grouped = np.asarray(rewards, np.float64).reshape(-1, num_generations)
-    mean = grouped.mean(axis=-1).repeat(num_generations)
-    std = grouped.std(axis=-1, ddof=1).repeat(num_generations)
-    return (np.asarray(rewards, np.float64) - mean) / (std + 1e-6)
+    return np.asarray(compute_advantages(np.asarray(rewards, np.float64), num_generations))
 
 
 def _reference_policy_loss(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):
-    ratio = jnp.exp(jnp.clip(jnp.asarray(logps - old_logps), -20.0, 20.0))  # tunix clips the log-ratio
-    adv = jnp.asarray(advantages)[:, None]
-    per_token = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - epsilon, 1 + epsilon))
-    return float(aggregate_loss(per_token, jnp.asarray(mask), loss_agg_mode))
+    config = GRPOConfig(num_generations=2, epsilon=epsilon, beta=0.0, loss_agg_mode=loss_agg_mode)
+    loss, _ = grpo_policy_loss(jnp.asarray(logps), jnp.asarray(old_logps), None, jnp.asarray(advantages),
+                               jnp.asarray(mask), config)
+    return float(loss)
 
 
 def _reference_kl(logps, ref_logps, method):
