@@ -1,0 +1,299 @@
+"""Chapter 13 exercises: the pure functions of post-training, each a few lines of arrays.
+
+The prompt/completion loss mask of SFT, the DPO loss and its metrics, GRPO's
+group-relative advantages, the clipped policy objective, and the per-token KL estimators.
+Every expected answer comes from `stacklib.align` (which matches tunix's functions, see
+tests/test_align_parity.py) and is computed before the learner's code runs; arrays are
+handed over as copies (`call_on_copies`). Small arrays only: each case runs in well under
+a second.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stacklib.align.common import compute_kl_divergence
+from stacklib.align.dpo_trainer import dpo_loss_fn
+from stacklib.align.grpo_learner import GRPOConfig, compute_advantages, grpo_policy_loss
+from stacklib.align.peft_trainer import next_token_loss
+from stacklib.grading import Exercise, call_on_copies, expect, expect_close
+
+# The references are stacklib.align's own functions; each equals tunix 0.1.7's on the same
+# inputs (tests/test_align_parity.py).
+
+
+def _random(seed: int, shape, scale: float = 1.0) -> np.ndarray:
+    return scale * np.asarray(jax.random.normal(jax.random.key(seed), shape), np.float32)
+
+
+def _reference_completion_loss(logits, tokens, prompt_lengths, lengths):
+    T = tokens.shape[1]
+    positions = np.arange(T)[None, :]  # (1, T)
+    mask = (positions >= np.asarray(prompt_lengths)[:, None]) & (positions < np.asarray(lengths)[:, None])
+    return float(next_token_loss(lambda _: jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask)))
+
+
+def _reference_dpo(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):
+    loss, metrics = dpo_loss_fn(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing)
+    return float(loss), {k: float(metrics[k]) for k in _DPO_METRICS}
+
+
+def _reference_advantages(rewards, num_generations):
+    return np.asarray(compute_advantages(np.asarray(rewards, np.float64), num_generations))
+
+
+def _reference_policy_loss(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):
+    config = GRPOConfig(num_generations=2, epsilon=epsilon, beta=0.0, loss_agg_mode=loss_agg_mode)
+    loss, _ = grpo_policy_loss(jnp.asarray(logps), jnp.asarray(old_logps), None, jnp.asarray(advantages),
+                               jnp.asarray(mask), config)
+    return float(loss)
+
+
+def _reference_kl(logps, ref_logps, method):
+    return np.asarray(compute_kl_divergence(jnp.asarray(logps), jnp.asarray(ref_logps), method), np.float64)
+
+
+# ---------------------------------------------------------------- 13.completion_loss
+
+completion_loss = Exercise("13.completion_loss", "The SFT loss on completion tokens only")
+
+
+def _check_completion_loss(loss_fn, logits, tokens, prompt_lengths, lengths, what):
+    expected = _reference_completion_loss(logits, tokens, prompt_lengths, lengths)
+    got = call_on_copies(loss_fn, logits, tokens, prompt_lengths, lengths, what="completion_loss")
+    expect(np.ndim(got) == 0, f"{what}: expected one number (the mean over completion tokens), "
+                              f"got shape {np.shape(got)}")
+    expect_close(float(got), expected, rtol=1e-5, atol=1e-6, what=what)
+
+
+def _padded_batch(seed):
+    """Three sequences of different prompt and completion lengths, padded with 0 to T = 9."""
+    tokens = np.array(jax.random.randint(jax.random.key(seed), (3, 9), 1, 12), np.int32)
+    prompt_lengths, lengths = np.array([3, 5, 2], np.int32), np.array([6, 9, 4], np.int32)
+    tokens[np.arange(9)[None, :] >= lengths[:, None]] = 0  # padding
+    return tokens, prompt_lengths, lengths
+
+
+@completion_loss.case(points=2, hint="The logits at position t predict token t + 1: score tokens[:, 1:] "
+                                     "against logits[:, :-1]. A target counts when its position p has "
+                                     "prompt_length <= p < length. Average over all counted targets of "
+                                     "the batch (one mean over tokens, not a mean of per-sequence means).")
+def matches_the_reference_on_a_padded_batch(loss_fn):
+    tokens, prompt_lengths, lengths = _padded_batch(0)
+    _check_completion_loss(loss_fn, _random(1, (3, 9, 12)), tokens, prompt_lengths, lengths,
+                           "the loss of three padded sequences")
+
+
+@completion_loss.case(hint="A model that predicts every completion token perfectly has loss 0, however "
+                           "badly it predicts the prompt: prompt tokens are the question, not the answer.")
+def a_perfect_answer_costs_nothing(loss_fn):
+    tokens, prompt_lengths, lengths = _padded_batch(2)
+    logits = _random(3, (3, 9, 12))
+    for b in range(3):
+        for p in range(prompt_lengths[b], lengths[b]):  # logits at p - 1 predict the completion token at p
+            logits[b, p - 1, tokens[b, p]] = 60.0
+    _check_completion_loss(loss_fn, logits, tokens, prompt_lengths, lengths,
+                           "the loss of a model that is sure of every completion token")
+
+
+@completion_loss.case(hint="Padding after `length` is not part of the answer: what the model predicts "
+                           "there must not change the loss.")
+def padding_does_not_count(loss_fn):
+    tokens, prompt_lengths, lengths = _padded_batch(4)
+    logits = _random(5, (3, 9, 12))
+    noisy = logits.copy()
+    noisy[np.arange(9)[None, :] >= lengths[:, None] - 1] += _random(6, (3, 9, 12), 5.0)[
+        np.arange(9)[None, :] >= lengths[:, None] - 1]
+    clean = float(call_on_copies(loss_fn, logits, tokens, prompt_lengths, lengths, what="completion_loss"))
+    padded = float(call_on_copies(loss_fn, noisy, tokens, prompt_lengths, lengths, what="completion_loss"))
+    expect(abs(clean - padded) <= 1e-5 * max(1.0, abs(clean)),
+           f"changing the logits after the last real token changed the loss from {clean:.6f} to {padded:.6f}")
+
+
+# ---------------------------------------------------------------- 13.dpo_loss
+
+dpo_loss = Exercise("13.dpo_loss", "The DPO loss and its reward metrics")
+
+_DPO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
+
+
+def _dpo_inputs(seed):
+    chosen, rejected = _random(seed, (6,), 3.0) - 10.0, _random(seed + 1, (6,), 3.0) - 12.0
+    ref_chosen, ref_rejected = _random(seed + 2, (6,), 3.0) - 10.0, _random(seed + 3, (6,), 3.0) - 12.0
+    return chosen, rejected, ref_chosen, ref_rejected
+
+
+def _check_dpo(dpo_fn, inputs, beta, label_smoothing, what, check_metrics):
+    expected_loss, expected_metrics = _reference_dpo(*map(jnp.asarray, inputs), beta, label_smoothing)
+    got = call_on_copies(dpo_fn, *inputs, beta, label_smoothing, what="dpo_loss")
+    expect(isinstance(got, tuple) and len(got) == 2, f"expected (loss, metrics), got {type(got).__name__}")
+    loss, metrics = got
+    if not check_metrics:
+        expect_close(float(loss), expected_loss, rtol=1e-5, atol=1e-6, what=f"the loss, {what}")
+    else:
+        expect(isinstance(metrics, dict), f"the metrics: expected a dict, got {type(metrics).__name__}")
+        missing = [k for k in _DPO_METRICS if k not in metrics]
+        expect(not missing, f"the metrics have no {missing}")
+        expect_close({k: float(metrics[k]) for k in _DPO_METRICS}, expected_metrics, rtol=1e-5, atol=1e-6,
+                     what=f"the metrics, {what}")
+
+
+@dpo_loss.case(points=2, hint="delta = (chosen - ref_chosen) - (rejected - ref_rejected); the loss is "
+                              "the mean of -log sigmoid(beta * delta).")
+def the_loss_matches_the_reference(dpo_fn):
+    _check_dpo(dpo_fn, _dpo_inputs(0), 0.1, 0.0, "beta 0.1", check_metrics=False)
+
+
+@dpo_loss.case(hint="With label smoothing e, the loss is -(1 - e) log sigmoid(beta delta) "
+                    "- e log sigmoid(-beta delta): a share e of the labels is assumed flipped.")
+def label_smoothing_mixes_in_the_flipped_label(dpo_fn):
+    _check_dpo(dpo_fn, _dpo_inputs(10), 0.5, 0.2, "beta 0.5, label smoothing 0.2", check_metrics=False)
+
+
+@dpo_loss.case(points=2, hint="The implicit rewards are beta * (policy logp - reference logp) of each "
+                              "answer; report their means, the mean margin, and the share of pairs whose "
+                              "chosen reward is strictly greater (a tie is not a win).")
+def the_metrics_match_the_reference(dpo_fn):
+    chosen, rejected, ref_chosen, ref_rejected = _dpo_inputs(20)
+    chosen[0], ref_chosen[0], rejected[0], ref_rejected[0] = -5.0, -5.0, -7.0, -7.0  # a tie: both rewards 0
+    _check_dpo(dpo_fn, (chosen, rejected, ref_chosen, ref_rejected), 0.1, 0.0, "beta 0.1, one tie",
+               check_metrics=True)
+
+
+# ---------------------------------------------------------------- 13.group_advantages
+
+group_advantages = Exercise("13.group_advantages", "GRPO's group-relative advantages")
+
+
+def _check_advantages(advantages_fn, rewards, num_generations, what):
+    expected = _reference_advantages(rewards, num_generations)
+    got = call_on_copies(advantages_fn, rewards, num_generations, what="compute_advantages")
+    expect_close(np.asarray(got, np.float64), expected, rtol=1e-4, atol=1e-5, what=what)
+
+
+@group_advantages.case(points=2, hint="Rewards come prompt by prompt: the first num_generations belong to "
+                                      "prompt 0, the next to prompt 1. Subtract each group's mean and divide "
+                                      "by its sample standard deviation (ddof=1) plus 1e-6.")
+def three_groups_of_four(advantages_fn):
+    rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0], np.float32)
+    _check_advantages(advantages_fn, rewards, 4, "advantages of 3 prompts x 4 completions")
+
+
+@group_advantages.case(hint="A group whose completions all earn the same reward teaches nothing: every "
+                            "advantage in it is 0 (not NaN, and not shifted by other groups' rewards).")
+def a_group_of_equal_rewards_has_zero_advantages(advantages_fn):
+    rewards = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 0.0], np.float32)
+    _check_advantages(advantages_fn, rewards, 3, "advantages when prompt 0's completions all score 1")
+
+
+@group_advantages.case(hint="With one completion per prompt there is nothing to compare with: raise "
+                            "ValueError naming num_generations, and the same when the rewards do not "
+                            "split into whole groups.")
+def a_group_of_one_is_refused(advantages_fn):
+    for rewards, num_generations in ((np.ones(4, np.float32), 1), (np.ones(5, np.float32), 2)):
+        try:
+            call_on_copies(advantages_fn, rewards, num_generations, what="compute_advantages")
+        except ValueError:
+            continue
+        expect(False, f"compute_advantages({len(rewards)} rewards, num_generations={num_generations}) "
+                      "returned instead of raising ValueError")
+
+
+# ---------------------------------------------------------------- 13.clipped_objective
+
+clipped_objective = Exercise("13.clipped_objective", "GRPO's clipped policy loss")
+
+
+def _policy_inputs(seed):
+    """Four completions of up to 6 tokens; ratios both inside and outside [0.8, 1.2]."""
+    old = _random(seed, (4, 6), 0.5) - 2.0
+    logps = old + _random(seed + 1, (4, 6), 0.4)  # log-ratios of about +-0.4: many clip at epsilon 0.2
+    advantages = np.array([1.2, -0.7, 0.4, -1.5], np.float32)
+    mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]],
+                    np.int32)
+    return logps, old, advantages, mask
+
+
+def _check_policy_loss(loss_fn, inputs, epsilon, mode, what):
+    expected = _reference_policy_loss(*inputs, epsilon, mode)
+    got = call_on_copies(loss_fn, *inputs, epsilon, mode, what="policy_loss")
+    expect(np.ndim(got) == 0, f"{what}: expected one number, got shape {np.shape(got)}")
+    expect_close(float(got), expected, rtol=1e-5, atol=1e-6, what=what)
+
+
+@clipped_objective.case(points=2, hint="ratio = exp(logps - old_logps); per token, the loss is the larger "
+                                       "(the pessimistic one) of -A * ratio and -A * clip(ratio, 1 - eps, "
+                                       "1 + eps). 'sequence-mean-token-mean' averages each completion over "
+                                       "its own tokens, then averages the completions.")
+def sequence_mean_token_mean(loss_fn):
+    _check_policy_loss(loss_fn, _policy_inputs(0), 0.2, "sequence-mean-token-mean",
+                       "the loss with loss_agg_mode='sequence-mean-token-mean'")
+
+
+@clipped_objective.case(hint="'token-mean' sums the masked per-token losses of the whole batch and divides "
+                             "by the number of completion tokens, so long completions weigh more.")
+def token_mean(loss_fn):
+    _check_policy_loss(loss_fn, _policy_inputs(10), 0.2, "token-mean",
+                       "the loss with loss_agg_mode='token-mean'")
+
+
+@clipped_objective.case(hint="The clip only ever makes the objective more pessimistic: once a token's ratio "
+                             "has moved past 1 + eps in the direction its advantage favours, its gradient "
+                             "is 0; in the other direction it is never clipped. Use jax.numpy so jax.grad "
+                             "works.")
+def the_clip_stops_the_gradient_only_on_the_favoured_side(loss_fn):
+    old = np.zeros((2, 2), np.float32)
+    logps = np.array([[0.5, -0.5], [0.5, -0.5]], np.float32)  # ratios e^0.5 (past 1.2) and e^-0.5 (past 0.8)
+    advantages, mask = np.array([1.0, -1.0], np.float32), np.ones((2, 2), np.int32)
+    grad = np.asarray(jax.grad(lambda lp: loss_fn(lp, old, advantages, mask, 0.2, "token-mean"))(
+        jnp.asarray(logps)))
+    # A > 0: pushed up past 1.2 -> clipped (0); pushed down past 0.8 -> not clipped. A < 0: the mirror image.
+    expected_zero = np.array([[True, False], [False, True]])
+    expect(np.all(np.abs(grad[expected_zero]) < 1e-7) and np.all(np.abs(grad[~expected_zero]) > 1e-3),
+           f"the gradient with respect to logps is {np.round(grad, 4).tolist()}; expected 0 exactly where "
+           f"the clip is active ({expected_zero.tolist()}) and not 0 elsewhere")
+
+
+@clipped_objective.case(hint="Multiply by the completion mask before summing: a padded token's log-prob "
+                             "(here a huge one) must not change the loss.")
+def padded_tokens_do_not_count(loss_fn):
+    logps, old, advantages, mask = _policy_inputs(20)
+    noisy = logps.copy()
+    noisy[mask == 0] += 30.0
+    clean = float(call_on_copies(loss_fn, logps, old, advantages, mask, 0.2, "sequence-mean-token-mean",
+                                 what="policy_loss"))
+    padded = float(call_on_copies(loss_fn, noisy, old, advantages, mask, 0.2, "sequence-mean-token-mean",
+                                  what="policy_loss"))
+    expect(abs(clean - padded) <= 1e-5 * max(1.0, abs(clean)),
+           f"changing the log-probs of padded tokens changed the loss from {clean:.6f} to {padded:.6f}")
+
+
+# ---------------------------------------------------------------- 13.kl_estimator
+
+kl_estimator = Exercise("13.kl_estimator", "Per-token estimators of KL(policy || reference)")
+
+
+def _check_kl(kl_fn, method, what, seed):
+    logps = _random(seed, (3, 5), 0.7) - 2.0
+    ref_logps = logps + _random(seed + 1, (3, 5), 0.5)
+    expected = _reference_kl(logps, ref_logps, method)
+    got = call_on_copies(kl_fn, logps, ref_logps, method, what="kl_divergence")
+    expect_close(np.asarray(got, np.float64), expected, rtol=1e-4, atol=1e-6, what=what)
+
+
+@kl_estimator.case(hint="'kl' (k1) is the log-ratio itself, logp - ref_logp, token by token: unbiased "
+                        "for samples from the policy, but negative half the time.")
+def k1(kl_fn):
+    _check_kl(kl_fn, "kl", "method='kl'", 0)
+
+
+@kl_estimator.case(hint="'mse_kl' (k2) is half the squared log-ratio.")
+def k2(kl_fn):
+    _check_kl(kl_fn, "mse_kl", "method='mse_kl'", 10)
+
+
+@kl_estimator.case(points=2, hint="'low_var_kl' (k3) is r - 1 - log r with r = p_ref / p_policy = "
+                                  "exp(ref_logp - logp): never negative, 0 when they agree, and unbiased "
+                                  "for KL(policy || reference) on the policy's own samples.")
+def k3(kl_fn):
+    _check_kl(kl_fn, "low_var_kl", "method='low_var_kl'", 20)

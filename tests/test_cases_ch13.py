@@ -1,0 +1,201 @@
+"""Chapter 13's exercise cases: right answers score full marks, planted wrong ones lose points."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stacklib.grading import grade
+
+
+def completion_loss(logits, tokens, prompt_lengths, lengths):
+    T = tokens.shape[1]
+    positions = jnp.arange(T)[None, :]
+    mask = (positions >= jnp.asarray(prompt_lengths)[:, None]) & (positions < jnp.asarray(lengths)[:, None])
+    logp = jax.nn.log_softmax(jnp.asarray(logits)[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]
+    target_mask = mask[:, 1:]
+    return -(picked * target_mask).sum() / target_mask.sum()
+
+
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, label_smoothing):
+    chosen_ratio, rejected_ratio = chosen_logps - ref_chosen_logps, rejected_logps - ref_rejected_logps
+    delta = chosen_ratio - rejected_ratio
+    losses = -(jax.nn.log_sigmoid(beta * delta) * (1 - label_smoothing)
+               + jax.nn.log_sigmoid(-beta * delta) * label_smoothing)
+    chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
+    return losses.mean(), {
+        "rewards/chosen": chosen_rewards.mean(),
+        "rewards/rejected": rejected_rewards.mean(),
+        "rewards/margin": (chosen_rewards - rejected_rewards).mean(),
+        "rewards/accuracy": (chosen_rewards > rejected_rewards).mean(),
+    }
+
+
+def compute_advantages(rewards, num_generations):
+    if num_generations < 2 or len(rewards) % num_generations:
+        raise ValueError(f"num_generations={num_generations} must be >= 2 and divide {len(rewards)}")
+    grouped = np.asarray(rewards).reshape(-1, num_generations)
+    mean = grouped.mean(-1).repeat(num_generations)
+    std = grouped.std(-1, ddof=1).repeat(num_generations)
+    return (rewards - mean) / (std + 1e-6)
+
+
+def _aggregate(per_token, mask, mode):
+    if mode == "token-mean":
+        return (per_token * mask).sum() / jnp.maximum(mask.sum(), 1)
+    rows = mask.sum(-1)
+    return ((per_token * mask).sum(-1) / jnp.maximum(rows, 1)).sum() / jnp.maximum((rows > 0).sum(), 1)
+
+
+def policy_loss(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):
+    ratio = jnp.exp(logps - old_logps)
+    adv = jnp.asarray(advantages)[:, None]
+    per_token = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - epsilon, 1 + epsilon))
+    return _aggregate(per_token, mask, loss_agg_mode)
+
+
+def kl_divergence(logps, ref_logps, method):
+    if method == "kl":
+        return logps - ref_logps
+    if method == "mse_kl":
+        return 0.5 * (logps - ref_logps) ** 2
+    diff = ref_logps - logps
+    return jnp.exp(diff) - diff - 1
+
+
+RIGHT = {
+    "13.completion_loss": completion_loss,
+    "13.dpo_loss": dpo_loss,
+    "13.group_advantages": compute_advantages,
+    "13.clipped_objective": policy_loss,
+    "13.kl_estimator": kl_divergence,
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_a_right_answer_scores_full_marks(exercise_id):
+    result = grade(exercise_id, RIGHT[exercise_id])
+    assert result.points == result.max_points, [c.message for c in result.cases]
+
+
+# Planted wrong answers.
+
+def loss_with_prompt(logits, tokens, prompt_lengths, lengths):  # trains on the question too
+    return completion_loss(logits, tokens, np.ones_like(prompt_lengths), lengths)
+
+
+def loss_without_shift(logits, tokens, prompt_lengths, lengths):  # logits at t scored against token t
+    rolled = jnp.concatenate([logits[:, 1:], logits[:, :1]], axis=1)
+    return completion_loss(rolled, tokens, prompt_lengths, lengths)
+
+
+def loss_with_padding(logits, tokens, prompt_lengths, lengths):  # ignores the lengths
+    return completion_loss(logits, tokens, prompt_lengths, np.full_like(lengths, tokens.shape[1]))
+
+
+def loss_mean_of_means(logits, tokens, prompt_lengths, lengths):  # each sequence weighs the same
+    rows = [slice(b, b + 1) for b in range(len(tokens))]
+    per_sequence = [completion_loss(logits[r], tokens[r], prompt_lengths[r], lengths[r]) for r in rows]
+    return jnp.mean(jnp.stack(per_sequence))
+
+
+def dpo_without_reference(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):
+    return dpo_loss(chosen, rejected, 0 * ref_chosen, 0 * ref_rejected, beta, label_smoothing)
+
+
+def dpo_smoothing_swapped(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):
+    return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta, 1 - label_smoothing
+                    if label_smoothing else 0.0)
+
+
+def dpo_without_beta(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):  # beta 1 in the loss
+    loss, _ = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, 1.0, label_smoothing)
+    return loss, dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing)[1]
+
+
+def dpo_ties_win(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing):
+    loss, metrics = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta, label_smoothing)
+    metrics["rewards/accuracy"] = ((chosen - ref_chosen) >= (rejected - ref_rejected)).mean()
+    return loss, metrics
+
+
+def advantages_population_std(rewards, num_generations):  # ddof=0
+    compute_advantages(rewards, num_generations)  # the same checks
+    grouped = np.asarray(rewards).reshape(-1, num_generations)
+    std = grouped.std(-1).repeat(num_generations)
+    return (rewards - grouped.mean(-1).repeat(num_generations)) / (std + 1e-6)
+
+
+def advantages_over_the_batch(rewards, num_generations):  # one baseline for every prompt
+    compute_advantages(rewards, num_generations)
+    return (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
+
+
+def advantages_unchecked(rewards, num_generations):  # a group of one: NaN, silently
+    whole = len(rewards) % num_generations == 0
+    grouped = np.asarray(rewards).reshape(-1, num_generations) if whole else np.asarray(rewards)[None]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy: "Degrees of freedom <= 0"
+        std = grouped.std(-1, ddof=1).repeat(grouped.shape[1])
+        return (rewards - grouped.mean(-1).repeat(grouped.shape[1])) / (std + 1e-6)
+
+
+def policy_optimistic(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):  # min, not max
+    ratio = jnp.exp(logps - old_logps)
+    adv = jnp.asarray(advantages)[:, None]
+    per_token = jnp.minimum(-adv * ratio, -adv * jnp.clip(ratio, 1 - epsilon, 1 + epsilon))
+    return _aggregate(per_token, mask, loss_agg_mode)
+
+
+def policy_unclipped(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):  # plain policy gradient
+    return policy_loss(logps, old_logps, advantages, mask, 1e9, loss_agg_mode)
+
+
+def policy_always_token_mean(logps, old_logps, advantages, mask, epsilon, loss_agg_mode):
+    return policy_loss(logps, old_logps, advantages, mask, epsilon, "token-mean")
+
+
+def kl_k1_reversed(logps, ref_logps, method):
+    sign = -1 if method == "kl" else 1
+    return sign * kl_divergence(logps, ref_logps, method)
+
+
+def kl_k2_without_half(logps, ref_logps, method):
+    return (logps - ref_logps) ** 2 if method == "mse_kl" else kl_divergence(logps, ref_logps, method)
+
+
+def kl_k3_reversed(logps, ref_logps, method):  # estimates KL(reference || policy) instead
+    return kl_divergence(ref_logps, logps, method) if method == "low_var_kl" else kl_divergence(
+        logps, ref_logps, method)
+
+
+# (exercise, planted wrong answer, points it should still get, why)
+WRONG = [
+    ("13.completion_loss", loss_with_prompt, 1, "prompt tokens in the loss"),
+    ("13.completion_loss", loss_without_shift, 0, "logits at t scored against token t"),
+    ("13.completion_loss", loss_with_padding, 0, "padding after the end in the loss"),
+    ("13.completion_loss", loss_mean_of_means, 2, "a mean of per-sequence means"),
+    ("13.dpo_loss", dpo_without_reference, 0, "no reference model"),
+    ("13.dpo_loss", dpo_smoothing_swapped, 4, "label smoothing on the wrong term"),
+    ("13.dpo_loss", dpo_without_beta, 2, "beta left out of the loss"),
+    ("13.dpo_loss", dpo_ties_win, 3, "a tie counts as a win"),
+    ("13.group_advantages", advantages_population_std, 1, "population std (ddof=0)"),
+    ("13.group_advantages", advantages_over_the_batch, 1, "one baseline for the whole batch"),
+    ("13.group_advantages", advantages_unchecked, 3, "a group of one is not refused"),
+    ("13.clipped_objective", policy_optimistic, 1, "min of the two losses, not max"),
+    ("13.clipped_objective", policy_unclipped, 1, "no clipping"),
+    ("13.clipped_objective", policy_always_token_mean, 3, "ignores loss_agg_mode"),
+    ("13.kl_estimator", kl_k1_reversed, 3, "k1 with the sign reversed"),
+    ("13.kl_estimator", kl_k2_without_half, 3, "k2 without the 1/2"),
+    ("13.kl_estimator", kl_k3_reversed, 2, "k3 of KL(reference || policy)"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, points, why", WRONG, ids=[w[3] for w in WRONG])
+def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
+    result = grade(exercise_id, answer)
+    assert result.points == points, [(c.name, c.status, c.points, c.message) for c in result.cases]
+    assert result.points < result.max_points
