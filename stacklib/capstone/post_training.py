@@ -51,6 +51,8 @@ class GrpoStage:
 
     def accuracy(self, model) -> float:
         """% of the held-out problems `model` answers exactly (greedy): stage 5's second score."""
+        if model is self.model:  # scored already, greedy decoding is deterministic: do not pay twice
+            return self.accuracy_after
         from stacklib.align import tasks
 
         return 100 * tasks.heldout_accuracy(model, self.tokenizer, self.heldout)
