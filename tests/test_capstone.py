@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import stacklib.nn as nnx
-from stacklib.capstone import profiling, quantization, serving, training
+from stacklib.capstone import post_training, profiling, quantization, serving, training
 from stacklib.llm import train
 from stacklib.llm.config import load_config
 
@@ -31,6 +31,10 @@ def test_a_kill_before_the_first_checkpoint_is_refused_before_any_process_starts
     with pytest.raises(ValueError, match=r"kill_after=3 comes before the first checkpoint.*Kill later"):
         training.run_and_kill(config, 3)
     assert not any(tmp_path.iterdir())
+
+
+def test_stage_4_runs_here_because_stacklib_align_is_installed():
+    assert post_training.available()  # chapter 16's notebook then runs GRPO (stage 4) under nbval
 
 
 def test_bitwise_equal_compares_every_leaf():
