@@ -119,9 +119,11 @@ def run_and_kill(config: Config, kill_after_step: int, *, timeout: float = CHILD
     """Run `config` in a child process and SIGKILL it after step `kill_after_step`.
 
     The child stops after that step; we wait until the checkpoint before it is committed
-    (asynchronous saves finish in the background), then kill.
+    (asynchronous saves finish in the background), then kill. `config.checkpoint_dir`
+    should start empty, as for any new run.
 
     Raises:
+      ValueError: `kill_after_step` comes before the first periodic checkpoint.
       RuntimeError: the child exited, or did not reach the kill point within `timeout`
         seconds; the message holds the end of its output.
     """
@@ -138,7 +140,7 @@ def run_and_kill(config: Config, kill_after_step: int, *, timeout: float = CHILD
     records, lines = [], []
     deadline = time.monotonic() + timeout
     try:
-        # readline blocks until the child writes a line or exits; a hang is caught by the kill below.
+        # Reading blocks until the child writes a line or exits; if it hangs, the watchdog kills it.
         watchdog = _Watchdog(child, deadline)
         for line in child.stdout:
             lines.append(line)
