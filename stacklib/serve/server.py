@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from stacklib import http
 from stacklib.serve.repository import ModelRepository
@@ -173,7 +174,9 @@ def create_app(repository: ModelRepository, *, max_body_bytes: int = http.MAX_BO
             metrics.record("failed")
             raise http.HTTPError(500, f"the model failed: {type(error).__name__}: {error}") from None
         metrics.record("ok", time.perf_counter() - start)
-        return {"model": name, "version": version.number, "outputs": outputs.tolist()}
+        # A JSONResponse skips FastAPI's jsonable_encoder, which walks every float of the
+        # outputs in Python (256 logits a row for the language model: most of a request).
+        return JSONResponse({"model": name, "version": version.number, "outputs": outputs.tolist()})
 
     @app.post("/v1/models/{name}/predict")
     async def predict_newest(name: str, request: Request):
