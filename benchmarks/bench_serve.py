@@ -15,11 +15,12 @@ served two ways, each at 64 concurrent clients sending one-row requests:
 Then chapter 12's language model (the zoo's `stdlib-bytes`, exported by
 `stacklib.serve.lm`: next-token logits, symbolic batch and length) is served the same
 way over HTTP, one-row requests of real Python source, at two prompt lengths: 17-32
-tokens (all padded into the 32 bucket) and 97-128 (the 128 bucket). Its call is heavy
+tokens (all padded into the 32 bucket) and 97-128 (the 128 bucket), with at most 2048
+tokens a call (`--max-batch-tokens`: 64 rows of 32, 16 rows of 128). Its call is heavy
 enough that batching can beat the HTTP cost, but on a CPU a big call is compute-bound:
 a (64, 128) call costs nearly 64 (1, 128) calls, so batching gains less as prompts grow.
-The model alone is timed too (per-row cost at batch 1 against batch 64), which is the
-ceiling on what batching can buy at that length.
+The model alone is timed too (per-row cost at batch 1 against a full call), which is
+the ceiling on what batching can buy at that length.
 
 Throughput is requests answered per second; p50/p99 are per-request latencies.
 """
@@ -50,6 +51,7 @@ from stacklib.serve.client import load_test
 CLIENTS = 64
 REPEATS = 5  # batcher runs per configuration; the median is reported
 LM_PROMPTS = ((17, 32), (97, 128))  # token counts of the language model's prompts: buckets 32 and 128
+LM_BATCH_TOKENS = 2048  # rows x length per call: 64 rows of 32 tokens, 16 of 128
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -82,12 +84,12 @@ def _batcher_run(model, rows, max_batch_size: int, requests_each: int) -> dict:
 
 
 def _server_run(model_dir: pathlib.Path, rows, max_batch_size: int, requests_each: int,
-                name: str = "digits") -> dict:
+                name: str = "digits", options: tuple[str, ...] = ()) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "stacklib.serve", "--model-dir", str(model_dir),
-                                "--port", str(port), "--max-batch-size", str(max_batch_size)],
+                                "--port", str(port), "--max-batch-size", str(max_batch_size), *options],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -165,12 +167,14 @@ def _language_model(model_dir: pathlib.Path, scale: float) -> None:
     each = max(2, int(8 * scale))
     for low, high in LM_PROMPTS:
         per_row_1 = _seconds_a_row(loaded, 1, high, repeats=5)
-        per_row_64 = _seconds_a_row(loaded, CLIENTS, high, repeats=3)
+        rows = min(CLIENTS, LM_BATCH_TOKENS // high)
+        per_row_full = _seconds_a_row(loaded, rows, high, repeats=3)
         print(f"language model alone, length {high}: {1e3 * per_row_1:.2f} ms a row at batch 1, "
-              f"{1e3 * per_row_64:.2f} ms a row at batch {CLIENTS} -> at most "
-              f"{per_row_1 / per_row_64:.2f}× from batching")
+              f"{1e3 * per_row_full:.2f} ms a row at batch {rows} -> at most "
+              f"{per_row_1 / per_row_full:.2f}× from batching")
         prompts = _prompts(low, high)
-        one, batched = (_server_run(model_dir, prompts, size, each, name="stdlib-bytes")
+        one, batched = (_server_run(model_dir, prompts, size, each, name="stdlib-bytes",
+                                    options=("--max-batch-tokens", str(LM_BATCH_TOKENS)))
                         for size in (1, CLIENTS))
         _report(f"HTTP server end to end, language model, prompts of {low}-{high} tokens", one, batched,
                 target=3.0)

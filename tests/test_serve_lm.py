@@ -212,3 +212,26 @@ def test_bad_token_rows_get_a_400_naming_the_expected_input(lm_server, inputs, m
     assert status == 400 and message in payload["error"]["message"], payload
     assert "token rows, each 1 to 32 ids 0..255" in payload["error"]["message"]
     assert _post(server, {"inputs": [[1, 2, 3]]})[0] == 200
+
+
+def test_max_batch_tokens_caps_rows_per_call_for_long_buckets_and_chunks_big_requests(tiny_export, tmp_path):
+    models = tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny" / "1").symlink_to(tiny_export[0])
+    repository = ModelRepository(models, max_batch_size=MAX_BATCH, max_batch_tokens=64, poll_interval=60)
+    repository.start()
+    try:
+        version = repository.get("tiny")
+        assert version.status()["rows_per_call"] == [8, 4, 2]  # 64 tokens: 8 x 8, 4 x 16, 2 x 32
+        loaded = serve.load(tiny_export[0])
+        rng = np.random.default_rng(5)
+        rows = [rng.integers(0, 256, 30).tolist() for _ in range(5)]  # bucket 32: three calls of 2 rows
+        with stack_http.Server(create_app(repository)) as server:
+            status, payload = _post(server, {"inputs": rows})
+        assert status == 200, payload
+        for row, answer in zip(rows, payload["outputs"], strict=True):
+            alone = np.asarray(loaded(lm.pad([row] * 2, 32)))[0]  # the (2, 32) call, row alone
+            assert np.array_equal(np.array(answer, np.float32), alone)
+        assert repository.batch_sizes() == {1: 1, 2: 2}  # rows per call: 2 + 2 + 1
+    finally:
+        repository.close()

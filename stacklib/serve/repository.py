@@ -20,6 +20,10 @@ in its manifest, as `stacklib.serve.lm.export` writes) gets one batcher per *len
 bucket*: powers of two from 8 up to the bound (8, 16, 32, 64, 128). A request of n tokens
 is padded to the smallest bucket that holds it, so prompts of 20 and 30 tokens share a
 call of length 32, and each bucket's one call shape is compiled at load time.
+`max_batch_tokens` caps rows x length per call (vLLM's `max_num_batched_tokens`): a
+bucket of length L batches at most `max_batch_tokens // L` rows. On a CPU a long call is
+compute-bound, and because every call is padded to its bucket's full batch (the one-shape
+rule), a 64-row call of length 128 made for 5 real rows costs as much as 64 of them.
 
 Differences from TF Serving's model manager: every loaded version stays loaded (no
 version policy, no unloading); no resource estimation before loading.
@@ -72,6 +76,7 @@ class Version:
             status["platforms"] = self.model.manifest["platforms"]
             if self.length_buckets:
                 status["length_buckets"] = self.length_buckets
+                status["rows_per_call"] = [self.batchers[b].max_batch_size for b in self.length_buckets]
         if self.error:
             status["error"] = self.error
         return status
@@ -116,12 +121,13 @@ class ModelRepository:
     """The versions under `root`, loaded and batched; `get(name, version)` picks one."""
 
     def __init__(self, root: str | pathlib.Path, *, max_batch_size: int = 32, batch_timeout: float = 0.002,
-                 poll_interval: float = 1.0):
+                 poll_interval: float = 1.0, max_batch_tokens: int | None = None):
         self.root = pathlib.Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"the model directory {self.root} does not exist; create it and export "
                                     "models into <name>/<version>/ inside it.")
         self.max_batch_size, self.batch_timeout = max_batch_size, batch_timeout
+        self.max_batch_tokens = max_batch_tokens
         self.poll_interval = poll_interval
         self._models: dict[str, dict[int, Version]] = {}
         self._lock = threading.Lock()
@@ -138,7 +144,7 @@ class ModelRepository:
             spec = model.manifest["inputs"][0]
             bound = _sequence_length_bound(model, path)
             for length in [None] if bound is None else length_buckets(bound):
-                batchers[length] = DynamicBatcher(model, max_batch_size=self.max_batch_size,
+                batchers[length] = DynamicBatcher(model, max_batch_size=self.rows_per_call(length),
                                                   batch_timeout=self.batch_timeout)
                 row_shape = spec["shape"][1:] if length is None else [length]
                 batchers[length].warm_up(np.zeros(row_shape, spec["dtype"]))
@@ -147,6 +153,12 @@ class ModelRepository:
                 batcher.close()
             return Version(name, number, path, FAILED, fingerprint, error=f"{type(error).__name__}: {error}")
         return Version(name, number, path, AVAILABLE, fingerprint, model=model, batchers=batchers)
+
+    def rows_per_call(self, length: int | None) -> int:
+        """The batch size of a call: max_batch_size, fewer for long buckets under max_batch_tokens."""
+        if length is None or self.max_batch_tokens is None:
+            return self.max_batch_size
+        return max(1, min(self.max_batch_size, self.max_batch_tokens // length))
 
     def scan(self) -> list[str]:
         """Load new versions (and retry changed failed ones); return what happened, one line each."""

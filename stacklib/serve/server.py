@@ -16,7 +16,8 @@ For a sequence model (chapter 12's language model, exported by `stacklib.serve.l
 each row is a list of token ids, and rows may differ in length: each is padded with the
 manifest's `pad_value` to its length bucket (the smallest of 8, 16, ..., max_seq_len that
 holds it) and joins that bucket's batcher, whose calls always have the shape
-(max_batch_size, bucket). A row's answer therefore depends only on the row: never on
+(rows per call, bucket): max_batch_size rows, or fewer for long buckets under the
+server's max_batch_tokens. A row's answer therefore depends only on the row: never on
 who else was calling, nor on the other rows of its own request.
 
 Differences from TF Serving's REST API: `inputs` only (no `instances` form, no named
@@ -125,16 +126,19 @@ async def _run_sequences(version, rows: list[np.ndarray]) -> np.ndarray:
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(version.bucket(len(row)), []).append(i)
-    futures = {}
+    submitted = []  # (row indices, future); a bucket's rows in chunks of its batcher's call size
     for length, indices in groups.items():
-        padded = np.full((len(indices), length), pad_value, rows[0].dtype)
-        for j, i in enumerate(indices):
-            padded[j, :len(rows[i])] = rows[i]
-        futures[length] = version.batchers[length].submit(padded)
+        batcher = version.batchers[length]
+        for start in range(0, len(indices), batcher.max_batch_size):
+            chunk = indices[start:start + batcher.max_batch_size]
+            padded = np.full((len(chunk), length), pad_value, rows[0].dtype)
+            for j, i in enumerate(chunk):
+                padded[j, :len(rows[i])] = rows[i]
+            submitted.append((chunk, batcher.submit(padded)))
     outputs: list = [None] * len(rows)
-    for length, indices in groups.items():
-        answered = await asyncio.wrap_future(futures[length])
-        for j, i in enumerate(indices):
+    for chunk, future in submitted:
+        answered = await asyncio.wrap_future(future)
+        for j, i in enumerate(chunk):
             outputs[i] = answered[j]
     return np.stack(outputs)
 
