@@ -85,6 +85,7 @@ def _parse_sequences(payload: dict, version) -> list[np.ndarray]:
     if not isinstance(rows, list) or not rows or not all(isinstance(row, list) for row in rows):
         raise http.HTTPError(400, f"\"inputs\" must be a non-empty list of lists of token ids; {expected}")
     vocab = manifest["metadata"].get("vocab_size")
+    limit = vocab if vocab is not None else int(np.iinfo(manifest["inputs"][0]["dtype"]).max) + 1
     parsed = []
     for i, row in enumerate(rows):
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
@@ -92,7 +93,7 @@ def _parse_sequences(payload: dict, version) -> list[np.ndarray]:
                                       f"{expected}")
         if not 1 <= len(row) <= version.length_buckets[-1]:
             raise http.HTTPError(400, f"row {i} of \"inputs\" has {len(row)} tokens; {expected}")
-        if min(row) < 0 or (vocab is not None and max(row) >= vocab):
+        if min(row) < 0 or max(row) >= limit:
             raise http.HTTPError(400, f"row {i} of \"inputs\" has an id out of range; {expected}")
         parsed.append(np.asarray(row, manifest["inputs"][0]["dtype"]))
     return parsed
