@@ -12,6 +12,20 @@ served two ways, each at 64 concurrent clients sending one-row requests:
   JSON in Python (about 1 ms a request), not to the model (tens of microseconds a call),
   so batching can only remove the small model share; reported as measured.
 
+Then chapter 12's language model (the zoo's `stdlib-bytes`, exported by
+`stacklib.serve.lm`: next-token logits, symbolic batch and length) is served the same
+way over HTTP, one-row requests of real Python source, at two prompt lengths: 17-32
+tokens (all padded into the 32 bucket) and 97-128 (the 128 bucket), with calls of up to
+16 rows and 2048 tokens (`--max-batch-size 16 --max-batch-tokens 2048`); three runs of
+each server, alternating, and the median reported (one pair of runs on the shared
+machine has swung between 0.7x and 1.5x). Why 16 rows, not 64: every call is padded to
+its full batch (the one-shape rule), and for a compute-bound call a 64-row call made for
+the handful of prompts that arrived within the window costs as much as 64 prompts. Its call is heavy
+enough that batching can beat the HTTP cost, but on a CPU a big call is compute-bound:
+a (64, 128) call costs nearly 64 (1, 128) calls, so batching gains less as prompts grow.
+The model alone is timed too (per-row cost at batch 1 against a full call), which is
+the ceiling on what batching can buy at that length.
+
 Throughput is requests answered per second; p50/p99 are per-request latencies.
 """
 
@@ -28,15 +42,22 @@ import time
 
 import numpy as np
 
+import stacklib.llm as llm
 import stacklib.nn as nnx
 import stacklib.serve as serve
+from benchmarks.timing import median_seconds
 from stacklib import hw
 from stacklib.examples import digits_classifier
+from stacklib.serve import lm
 from stacklib.serve.batching import DynamicBatcher
 from stacklib.serve.client import load_test
 
 CLIENTS = 64
 REPEATS = 5  # batcher runs per configuration; the median is reported
+LM_PROMPTS = ((17, 32), (97, 128))  # token counts of the language model's prompts: buckets 32 and 128
+LM_MAX_BATCH = 16  # rows per language-model call: see the module docstring for why not 64
+LM_BATCH_TOKENS = 2048  # rows x length per call: 16 rows of up to 128 tokens
+LM_REPEATS = 3  # server runs per configuration, alternating; the median is reported
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -68,12 +89,13 @@ def _batcher_run(model, rows, max_batch_size: int, requests_each: int) -> dict:
             "p99_ms": 1e3 * float(np.percentile(latencies, 99))}
 
 
-def _server_run(model_dir: pathlib.Path, rows, max_batch_size: int, requests_each: int) -> dict:
+def _server_run(model_dir: pathlib.Path, rows, max_batch_size: int, requests_each: int,
+                name: str = "digits", options: tuple[str, ...] = ()) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen([sys.executable, "-m", "stacklib.serve", "--model-dir", str(model_dir),
-                                "--port", str(port), "--max-batch-size", str(max_batch_size)],
+                                "--port", str(port), "--max-batch-size", str(max_batch_size), *options],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -88,8 +110,8 @@ def _server_run(model_dir: pathlib.Path, rows, max_batch_size: int, requests_eac
                     raise RuntimeError("the model server did not start") from None
                 time.sleep(0.1)
         url = f"http://127.0.0.1:{port}"
-        load_test(url, "digits", rows, clients=8, requests_each=2)  # connections and caches warm
-        result = load_test(url, "digits", rows, clients=CLIENTS, requests_each=requests_each)
+        load_test(url, name, rows, clients=8, requests_each=2)  # connections and caches warm
+        result = load_test(url, name, rows, clients=CLIENTS, requests_each=requests_each)
         assert result["failed"] == 0, result["errors"]
         return result
     finally:
@@ -124,6 +146,50 @@ def main(scale: float = 1.0) -> None:
         each = max(2, int(15 * scale))
         one, batched = (_server_run(model_dir, rows, size, each) for size in (1, CLIENTS))
         _report("HTTP server end to end", one, batched, target=None)
+        _language_model(model_dir, scale)
+
+
+def _prompts(low: int, high: int) -> list[list[int]]:
+    """CLIENTS prompts of low..high tokens: slices of this library's own source, fixed by a seed."""
+    text = pathlib.Path(llm.__file__).with_name("model.py").read_bytes()
+    rng = np.random.default_rng(0)
+    prompts = []
+    for _ in range(CLIENTS):
+        length = int(rng.integers(low, high + 1))
+        start = int(rng.integers(0, len(text) - length))
+        prompts.append(list(text[start:start + length]))
+    return prompts
+
+
+def _seconds_a_row(loaded, batch: int, length: int, repeats: int) -> float:
+    tokens = lm.pad([[0] * length] * batch, length)
+    return median_seconds(lambda: np.asarray(loaded(tokens)), repeats=repeats) / batch
+
+
+def _language_model(model_dir: pathlib.Path, scale: float) -> None:
+    model, _ = llm.pretrained("stdlib-bytes")
+    lm.export(model, model_dir / "stdlib-bytes" / "1", platforms=("cpu",))
+    loaded = serve.load(model_dir / "stdlib-bytes" / "1")
+    each = max(2, int(8 * scale))
+    for low, high in LM_PROMPTS:
+        per_row_1 = _seconds_a_row(loaded, 1, high, repeats=5)
+        rows = min(LM_MAX_BATCH, LM_BATCH_TOKENS // high)
+        per_row_full = _seconds_a_row(loaded, rows, high, repeats=3)
+        print(f"language model alone, length {high}: {1e3 * per_row_1:.2f} ms a row at batch 1, "
+              f"{1e3 * per_row_full:.2f} ms a row at batch {rows} -> at most "
+              f"{per_row_1 / per_row_full:.2f}× from batching")
+        prompts = _prompts(low, high)
+        runs: dict[int, list[dict]] = {1: [], LM_MAX_BATCH: []}
+        repeats = LM_REPEATS if scale >= 0.5 else 1  # the tiny-scale test run only checks it works
+        for _ in range(repeats):  # alternating, so a burst of load elsewhere hits both alike
+            for size in runs:
+                runs[size].append(_server_run(model_dir, prompts, size, each, name="stdlib-bytes",
+                                              options=("--max-batch-tokens", str(LM_BATCH_TOKENS))))
+        for size, results in runs.items():
+            print(f"  max batch {size}: " + ", ".join(f"{r['throughput']:.0f}" for r in results) + " req/s")
+        _report(f"HTTP server end to end, language model, prompts of {low}-{high} tokens (median of "
+                f"{repeats}; batches of up to {LM_MAX_BATCH})", _median_run(runs[1]),
+                _median_run(runs[LM_MAX_BATCH]), target=3.0)
 
 
 if __name__ == "__main__":

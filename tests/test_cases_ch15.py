@@ -4,6 +4,7 @@ import hashlib
 import pathlib
 
 import jax
+import numpy as np
 import pytest
 
 from stacklib.grading import grade
@@ -33,10 +34,25 @@ def pick_timeout(gap_ms, timeouts_ms, max_batch_size, call_ms, budget_ms):
     return None if best is None else best[1]
 
 
+def pad_to_buckets(rows, buckets, pad_value):
+    grouped = {}
+    for row in rows:
+        if not row or len(row) > max(buckets):
+            raise ValueError(f"a row of {len(row)} tokens fits no bucket of {buckets}")
+        grouped.setdefault(min(b for b in buckets if b >= len(row)), []).append(row)
+    out = {}
+    for bucket, members in grouped.items():
+        out[bucket] = np.full((len(members), bucket), pad_value, np.int32)
+        for i, row in enumerate(members):
+            out[bucket][i, :len(row)] = row
+    return out
+
+
 RIGHT = {
     "15.symbolic_export": export_batch_polymorphic,
     "15.bad_files": bad_files,
     "15.batch_window": pick_timeout,
+    "15.length_buckets": pad_to_buckets,
 }
 
 
@@ -104,6 +120,36 @@ def budget_exclusive(gap_ms, timeouts_ms, max_batch_size, call_ms, budget_ms):  
     return pick_timeout(gap_ms, timeouts_ms, max_batch_size, call_ms, budget_ms - 1e-9)
 
 
+def bucket_of_the_longest_row(rows, buckets, pad_value):  # the whole request in one bucket
+    longest = max(len(row) for row in rows)
+    if not all(rows) or longest > max(buckets):
+        raise ValueError("no bucket")
+    bucket = min(b for b in buckets if b >= longest)
+    out = np.full((len(rows), bucket), pad_value, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return {bucket: out}
+
+
+def pads_with_zero(rows, buckets, pad_value):  # 0 is a token (a NUL byte), not padding
+    return pad_to_buckets(rows, buckets, 0)
+
+
+def strictly_longer_bucket(rows, buckets, pad_value):  # b > len(row): a full row moves up a bucket
+    longer = {len(row): len(row) + 1 for row in rows if len(row) in buckets and len(row) < max(buckets)}
+    grown = [list(row) + [pad_value] * (longer.get(len(row), len(row)) - len(row)) for row in rows]
+    return pad_to_buckets(grown, buckets, pad_value)
+
+
+def sorted_by_length(rows, buckets, pad_value):  # rows reordered: answers go back to the wrong clients
+    return pad_to_buckets(sorted(rows, key=len), buckets, pad_value)
+
+
+def left_padded(rows, buckets, pad_value):  # padding before the tokens: rolled right by the pad count
+    return {bucket: np.stack([np.roll(row, int((row == pad_value).sum())) for row in padded])
+            for bucket, padded in pad_to_buckets(rows, buckets, pad_value).items()}
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("15.symbolic_export", concrete_export, 1, "a concrete batch: runs at batch 2 only"),
@@ -115,6 +161,11 @@ WRONG = [
     ("15.batch_window", always_waits_the_timeout, 4, "a full batch still waits out the window"),
     ("15.batch_window", longest_window_on_ties, 4, "the longest window on a tie"),
     ("15.batch_window", budget_exclusive, 2, "latency strictly below the budget"),
+    ("15.length_buckets", bucket_of_the_longest_row, 3, "the bucket of the request's longest row"),
+    ("15.length_buckets", pads_with_zero, 3, "pads with token 0"),
+    ("15.length_buckets", strictly_longer_bucket, 3, "a full row goes to the next bucket"),
+    ("15.length_buckets", sorted_by_length, 4, "rows sorted by length in a bucket"),
+    ("15.length_buckets", left_padded, 3, "padding before the tokens"),
 ]
 
 

@@ -1,5 +1,5 @@
-"""Chapter 15 exercises: a batch-polymorphic export, a manifest's hash check, and the
-batch window's trade-off between rows per call and latency.
+"""Chapter 15 exercises: a batch-polymorphic export, a manifest's hash check, the batch
+window's trade-off between rows per call and latency, and a language model's length buckets.
 
 Expected answers come from `jax.export` itself, from `hashlib` on files the case writes,
 or from closed forms, computed before the learner's code runs; dicts are handed over as
@@ -184,3 +184,66 @@ def a_full_batch_does_not_wait_out_the_window(pick_fn):
 def no_timeout_within_budget_gives_none(pick_fn):
     got = _pick(pick_fn, 1, [0, 5], 8, 10, 9)
     expect(got is None, f"a 10 ms call cannot meet a 9 ms budget: expected None, got {got}")
+
+
+# ---------------------------------------------------------------- 15.length_buckets
+
+length_buckets = Exercise("15.length_buckets", "Pad token rows into length buckets, one bucket per row")
+
+
+def _buckets(bucket_fn, rows, buckets, pad_value):
+    got = call_on_copies(bucket_fn, rows, buckets, pad_value, what="pad_to_buckets")
+    expect(isinstance(got, dict), f"expected a dict {{bucket: array}}, got {type(got).__name__}")
+    return {key: np.asarray(value) for key, value in got.items()}
+
+
+def _padded(rows, length, pad_value):
+    out = np.full((len(rows), length), pad_value, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+@length_buckets.case(points=2, hint="For each row on its own, the bucket is the smallest b in buckets with "
+                                    "b >= len(row): a row of exactly 8 tokens fits the 8 bucket. Never "
+                                    "bucket a row by the longest row it arrived with.")
+def each_row_goes_to_the_smallest_bucket_that_holds_it(bucket_fn):
+    rows = [[1, 2, 3], list(range(8)), list(range(9)), list(range(16)), list(range(17))]
+    expected = {8: (2, 8), 16: (2, 16), 32: (1, 32)}
+    got = _buckets(bucket_fn, rows, [8, 16, 32], -1)
+    shapes = {key: tuple(value.shape) for key, value in got.items()}
+    expect(shapes == expected, f"rows of 3, 8, 9, 16 and 17 tokens into buckets [8, 16, 32]: expected "
+                               f"bucket -> shape {expected}, got {shapes}")
+
+
+@length_buckets.case(hint="Tokens first, then pad_value up to the bucket's length (right padding): a "
+                          "causal model's answer after a row's last token must not see the padding.")
+def tokens_first_then_the_pad_value(bucket_fn):
+    expected = _padded([[7, 0, 9]], 8, -1)
+    got = _buckets(bucket_fn, [[7, 0, 9]], [8, 16], -1)
+    expect(set(got) == {8} and got[8].tolist() == expected.tolist(),
+           f"[[7, 0, 9]] into buckets [8, 16] with pad -1: expected {{8: {expected.tolist()}}}, got "
+           f"{ {k: v.tolist() for k, v in got.items()} }")
+
+
+@length_buckets.case(hint="Within a bucket keep the rows in the order they were given: the server hands "
+                          "row j of a call back to whoever sent it.")
+def rows_keep_their_order_within_a_bucket(bucket_fn):
+    rows = [[5, 5, 5, 5, 5], [1], [2, 2, 2], [3, 3]]
+    expected = _padded(rows, 8, 99)
+    got = _buckets(bucket_fn, rows, [8], 99)
+    expect(set(got) == {8} and got[8].tolist() == expected.tolist(),
+           f"four rows into bucket 8 with pad 99: expected {expected.tolist()}, got "
+           f"{ {k: v.tolist() for k, v in got.items()} }")
+
+
+@length_buckets.case(hint="A row longer than the largest bucket, or an empty row, cannot be served: raise "
+                          "ValueError saying so.")
+def a_row_too_long_or_empty_is_refused(bucket_fn):
+    for rows, what in (([list(range(17))], "a row of 17 tokens with buckets [8, 16]"),
+                       ([[]], "an empty row")):
+        try:
+            call_on_copies(bucket_fn, rows, [8, 16], -1, what="pad_to_buckets")
+        except ValueError:
+            continue
+        expect(False, f"{what} should raise ValueError, but it was accepted")

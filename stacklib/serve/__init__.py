@@ -6,6 +6,10 @@
     model = serve.load("models/digits/1")                      # no model code, no flax
     logits = model(x)                                          # any batch size
 
+    from stacklib.serve import lm
+    lm.export(language_model, "models/stdlib-bytes/1")         # symbolic batch and length
+    lm.generate(serve.load("models/stdlib-bytes/1"), prompt, 48)  # greedy, from the artifact
+
     python -m stacklib.serve --model-dir models/               # the HTTP server
 
 The pieces, one file each:
@@ -15,6 +19,8 @@ The pieces, one file each:
   repository.py  models/<name>/<version>/ scanned while serving; a broken version never
                  replaces a working one
   server.py      the HTTP endpoints (predict, status, health, metrics) on `stacklib.http`
+  lm.py          chapter 12's language model as an artifact: next-token logits of
+                 int32[b, t] with t <= max_seq_len, -1 padding, greedy generation from it
 
 Importing this package imports JAX and NumPy only (the server's FastAPI is imported by
 `stacklib.serve.server`), so a process that only loads artifacts stays small.

@@ -1,12 +1,14 @@
 """An exported model as a self-describing folder: program, weights, manifest with hashes.
 
 `export` traces the model's function once with `jax.export`, with a *symbolic* batch
-dimension, and writes
+dimension (and, for a sequence model, a symbolic length bounded by a constraint such as
+`"t <= 128"`), and writes
 
     program.bin          the serialized `jax.export.Exported` (StableHLO + calling convention)
     weights/             the parameters in `stacklib.checkpoint`'s tree format (CRC-32 per leaf)
-    manifest.json        input/output signatures (symbolic dims as strings), platforms,
-                         versions, and the SHA-256 of every other file
+    manifest.json        input/output signatures (symbolic dims as strings), the
+                         constraints on them, platforms, versions, and the SHA-256 of
+                         every other file
 
 `load` reads it back in a process that needs neither the model's code nor flax: it
 verifies every hash *before* it deserializes anything (a tampered or truncated file is
@@ -27,6 +29,7 @@ import importlib.metadata
 import json
 import pathlib
 import platform as platform_lib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,22 +79,33 @@ def _signature(avals: Sequence[Any]) -> list[dict]:
 
 def export(fn: Callable, params: Any, example_args: Sequence[Any], directory: str | pathlib.Path, *,
            platforms: Sequence[str] = ("cpu", "tpu", "cuda"), batch_dim: str = "b",
-           vjp_order: int = 0, metadata: dict | None = None) -> dict:
+           polymorphic_shapes: Sequence[str] | None = None, constraints: Sequence[str] = (),
+           pad_value: int | float | None = None, vjp_order: int = 0, metadata: dict | None = None) -> dict:
     """Export `fn(params, *args)` with a symbolic leading (batch) dimension on every arg.
 
     The function is traced once. The program takes the weights as its first argument
     (so they travel as a checkpoint, not as constants baked into the StableHLO) and can
-    be called at any batch size.
+    be called at any batch size (and any length, for a sequence model, within its
+    constraints).
 
     Args:
       fn: a pure function `fn(params, *args) -> outputs` (close over a graphdef, not state).
-      params: nested dicts of arrays, e.g. `nnx.to_pure_dict(nnx.state(model, nnx.Param))`.
+      params: nested dicts of arrays with str keys, e.g.
+        `nnx.to_pure_dict(nnx.state(model, nnx.Param))`.
       example_args: arrays (or ShapeDtypeStructs) giving each argument's shape and dtype;
         their leading dimension becomes the symbolic `batch_dim`.
       directory: where to write; must not exist. Written beside it, then renamed into place,
         so a reader (the model server) sees the whole artifact or none of it.
       platforms: lowering platforms ('cpu', 'tpu', 'cuda', 'rocm'); all work from a CPU.
       batch_dim: the name of the symbolic dimension.
+      polymorphic_shapes: one `jax.export` shape spec per argument, replacing the default
+        `"b, ..."`; e.g. `["b, t"]` for tokens of any batch and any length.
+      constraints: `jax.export` symbolic constraints, e.g. `["t <= 128"]`: the program
+        refuses other shapes, and code that compares `t` with 128 traces (it would be
+        undecidable for an unbounded `t`).
+      pad_value: the value that pads a symbolic non-batch dimension (a sequence model's
+        `-1` padding token); the model server needs it to put requests of different
+        lengths into one call.
       vjp_order: how many orders of derivatives to serialize (1 lets `jax.grad` run on
         the loaded function).
       metadata: extra JSON-serializable facts to record in the manifest.
@@ -104,7 +118,8 @@ def export(fn: Callable, params: Any, example_args: Sequence[Any], directory: st
     if directory.exists():
         raise FileExistsError(f"{directory} exists already; export into a new directory (a new version).")
     params_spec = jax.tree.map(lambda p: jax.ShapeDtypeStruct(np.shape(p), p.dtype), params)
-    arg_specs = jax_export.symbolic_args_specs(tuple(example_args), f"{batch_dim}, ...")
+    shapes = list(polymorphic_shapes) if polymorphic_shapes is not None else f"{batch_dim}, ..."
+    arg_specs = jax_export.symbolic_args_specs(tuple(example_args), shapes, constraints=tuple(constraints))
     exported = jax_export.export(jax.jit(fn), platforms=tuple(platforms))(params_spec, *arg_specs)
     n_params = len(jax.tree.leaves(params_spec))
 
@@ -119,6 +134,8 @@ def export(fn: Callable, params: Any, example_args: Sequence[Any], directory: st
         "inputs": _signature(exported.in_avals[n_params:]),
         "outputs": _signature(exported.out_avals),
         "weights": _signature(exported.in_avals[:n_params]),
+        "constraints": list(constraints),
+        "pad_value": pad_value,
         "platforms": list(exported.platforms),
         "vjp_order": vjp_order,
         "versions": {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"),
@@ -174,10 +191,35 @@ def verify(directory: str | pathlib.Path) -> dict:
 
 
 def signature_text(manifest: dict) -> str:
-    """'f32[b,64] -> f32[b,10]': the signature as error messages and the chapter print it."""
+    """'(float32[b,64]) -> (float32[b,10])', with its constraints: as errors and the chapter print it."""
     def one(specs):
         return ", ".join(f"{s['dtype']}[{','.join(map(str, s['shape']))}]" for s in specs)
-    return f"({one(manifest['inputs'])}) -> ({one(manifest['outputs'])})"
+    constraints = manifest.get("constraints") or []
+    where = f" where {', '.join(constraints)}" if constraints else ""
+    return f"({one(manifest['inputs'])}) -> ({one(manifest['outputs'])}){where}"
+
+
+_BOUND = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|<|>)\s*(-?\d+)\s*$")
+
+
+def dim_bounds(manifest: dict) -> dict[str, tuple[int, int | None]]:
+    """Each symbolic dimension's (smallest, largest) size, read from the simple constraints.
+
+    `"t <= 128"` gives `{"t": (1, 128)}`; a dimension without an upper bound gets None.
+    Constraints of another form (`"a == b + 1"`) are left to `jax.export`'s own check.
+    """
+    names = {d for spec in manifest["inputs"] for d in spec["shape"] if isinstance(d, str)}
+    bounds = {name: [1, None] for name in names}
+    for constraint in manifest.get("constraints") or []:
+        match = _BOUND.match(constraint)
+        if not match or match[1] not in bounds:
+            continue
+        value = int(match[3])
+        if match[2] in ("<=", "<"):
+            bounds[match[1]][1] = value - (match[2] == "<")
+        else:
+            bounds[match[1]][0] = value + (match[2] == ">")
+    return {name: (low, high) for name, (low, high) in bounds.items()}
 
 
 @dataclasses.dataclass
@@ -200,7 +242,32 @@ class LoadedModel:
         return signature_text(self.manifest)
 
     def __call__(self, *args: Any) -> Any:
+        self.check_shapes(*args)
         return self._call(self.weights, *args)
+
+    def check_shapes(self, *args: Any) -> None:
+        """ValueError naming the signature if an argument's rank, fixed size or bounded size is off.
+
+        `jax.export` checks too, but its "Error refining shapes" does not say which
+        dimension broke which constraint.
+        """
+        specs, bounds, seen = self.manifest["inputs"], dim_bounds(self.manifest), {}
+        if len(args) != len(specs):
+            raise TypeError(f"the model takes {len(specs)} argument(s), got {len(args)}; "
+                            f"signature {self.signature}.")
+        for position, (arg, spec) in enumerate(zip(args, specs, strict=True)):
+            shape = tuple(np.shape(arg))
+            if len(shape) != len(spec["shape"]):
+                raise ValueError(f"argument {position} has shape {shape}; the signature is {self.signature}.")
+            for size, dim in zip(shape, spec["shape"], strict=True):
+                if isinstance(dim, int):
+                    ok = size == dim
+                else:
+                    low, high = bounds[dim]
+                    ok = low <= size and (high is None or size <= high) and seen.setdefault(dim, size) == size
+                if not ok:
+                    raise ValueError(f"argument {position} has shape {shape}, which does not fit "
+                                     f"{self.signature}.")
 
     def compiled_shapes(self) -> int:
         """How many input shapes have been compiled so far (one per batch size seen)."""

@@ -58,9 +58,11 @@ def metrics(url: str, *, timeout: float = 60.0) -> dict:
         connection.close()
 
 
-def load_test(url: str, name: str, rows: np.ndarray, *, clients: int, requests_each: int,
+def load_test(url: str, name: str, rows: Any, *, clients: int, requests_each: int,
               timeout: float = 60.0) -> dict[str, Any]:
     """`clients` concurrent clients each send `requests_each` one-row requests (row i % len(rows)).
+
+    `rows` is an array, or a list of token rows of different lengths (a language model).
 
     Returns:
       {"ok", "failed", "seconds", "throughput" (requests/s), "p50_ms", "p99_ms",
@@ -68,7 +70,7 @@ def load_test(url: str, name: str, rows: np.ndarray, *, clients: int, requests_e
     """
     def client(index: int) -> list[tuple[float, int | None, str | None]]:
         connection, results = _Connection(url, timeout), []
-        row = {"inputs": [rows[index % len(rows)].tolist()]}
+        row = {"inputs": [np.asarray(rows[index % len(rows)]).tolist()]}
         for _ in range(requests_each):
             start = time.perf_counter()
             try:

@@ -15,6 +15,16 @@ The rules that keep a server up while models change under it:
   none; folders whose names are not integers (`3.partial-1a2b`) are ignored;
 * a version, once loaded, keeps serving from memory whatever happens to its folder.
 
+A sequence model (input `int32[b, t]` with a bound such as `t <= 128` and a `pad_value`
+in its manifest, as `stacklib.serve.lm.export` writes) gets one batcher per *length
+bucket*: powers of two from 8 up to the bound (8, 16, 32, 64, 128). A request of n tokens
+is padded to the smallest bucket that holds it, so prompts of 20 and 30 tokens share a
+call of length 32, and each bucket's one call shape is compiled at load time.
+`max_batch_tokens` caps rows x length per call (vLLM's `max_num_batched_tokens`): a
+bucket of length L batches at most `max_batch_tokens // L` rows. On a CPU a long call is
+compute-bound, and because every call is padded to its bucket's full batch (the one-shape
+rule), a 64-row call of length 128 made for 5 real rows costs as much as 64 of them.
+
 Differences from TF Serving's model manager: every loaded version stays loaded (no
 version policy, no unloading); no resource estimation before loading.
 """
@@ -43,13 +53,30 @@ class Version:
     fingerprint: tuple
     error: str | None = None
     model: artifact.LoadedModel | None = None
-    batcher: DynamicBatcher | None = None
+    batchers: dict[int | None, DynamicBatcher] = dataclasses.field(default_factory=dict)
+
+    @property
+    def batcher(self) -> DynamicBatcher:
+        """The batcher of a fixed-shape model (a sequence model has one per length bucket)."""
+        return self.batchers[None]
+
+    @property
+    def length_buckets(self) -> list[int]:
+        """The padded lengths of a sequence model, increasing ([] for a fixed-shape model)."""
+        return sorted(length for length in self.batchers if length is not None)
+
+    def bucket(self, length: int) -> int:
+        """The smallest length bucket that holds `length` tokens."""
+        return next(b for b in self.length_buckets if b >= length)
 
     def status(self) -> dict[str, Any]:
         status = {"version": self.number, "state": self.state}
         if self.model is not None:
             status["signature"] = self.model.signature
             status["platforms"] = self.model.manifest["platforms"]
+            if self.length_buckets:
+                status["length_buckets"] = self.length_buckets
+                status["rows_per_call"] = [self.batchers[b].max_batch_size for b in self.length_buckets]
         if self.error:
             status["error"] = self.error
         return status
@@ -64,16 +91,43 @@ def _fingerprint(path: pathlib.Path) -> tuple:
         return ("changing",)
 
 
+def length_buckets(max_length: int, smallest: int = 8) -> list[int]:
+    """Powers of two from `smallest` below `max_length`, then `max_length`: [8, 16, ..., max]."""
+    sizes, size = [], smallest
+    while size < max_length:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_length]
+
+
+def _sequence_length_bound(model: artifact.LoadedModel, path: pathlib.Path) -> int | None:
+    """None for a fixed-shape input; the largest length for a (batch, length) sequence input."""
+    spec = model.manifest["inputs"][0]
+    variable = [d for d in spec["shape"][1:] if isinstance(d, str)]
+    if not variable:
+        return None
+    if len(spec["shape"]) != 2 or np.dtype(spec["dtype"]).kind not in "iu":
+        raise artifact.ArtifactError(f"{path} takes {spec['dtype']}{spec['shape']}; the server serves "
+                                     "fixed shapes, or integer (batch, length) token sequences.")
+    high = artifact.dim_bounds(model.manifest)[variable[0]][1]
+    if high is None or model.manifest.get("pad_value") is None:
+        raise artifact.ArtifactError(
+            f"{path} has a symbolic length {variable[0]!r} without an upper bound or a pad_value; export "
+            f"with constraints=['{variable[0]} <= N'] and pad_value=... (stacklib.serve.lm.export does).")
+    return high
+
+
 class ModelRepository:
     """The versions under `root`, loaded and batched; `get(name, version)` picks one."""
 
     def __init__(self, root: str | pathlib.Path, *, max_batch_size: int = 32, batch_timeout: float = 0.002,
-                 poll_interval: float = 1.0):
+                 poll_interval: float = 1.0, max_batch_tokens: int | None = None):
         self.root = pathlib.Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"the model directory {self.root} does not exist; create it and export "
                                     "models into <name>/<version>/ inside it.")
         self.max_batch_size, self.batch_timeout = max_batch_size, batch_timeout
+        self.max_batch_tokens = max_batch_tokens
         self.poll_interval = poll_interval
         self._models: dict[str, dict[int, Version]] = {}
         self._lock = threading.Lock()
@@ -81,22 +135,30 @@ class ModelRepository:
         self._poller: threading.Thread | None = None
 
     def _load(self, name: str, number: int, path: pathlib.Path, fingerprint: tuple) -> Version:
+        batchers: dict[int | None, DynamicBatcher] = {}
         try:
             model = artifact.load(path)
             if len(model.manifest["inputs"]) != 1:
                 raise artifact.ArtifactError(f"{path} takes {len(model.manifest['inputs'])} inputs; the "
                                              "server serves models with one input array.")
             spec = model.manifest["inputs"][0]
-            batcher = DynamicBatcher(model, max_batch_size=self.max_batch_size,
-                                     batch_timeout=self.batch_timeout)
-            try:
-                batcher.warm_up(np.zeros([d for d in spec["shape"][1:]], spec["dtype"]))
-            except Exception:
-                batcher.close()
-                raise
+            bound = _sequence_length_bound(model, path)
+            for length in [None] if bound is None else length_buckets(bound):
+                batchers[length] = DynamicBatcher(model, max_batch_size=self.rows_per_call(length),
+                                                  batch_timeout=self.batch_timeout)
+                row_shape = spec["shape"][1:] if length is None else [length]
+                batchers[length].warm_up(np.zeros(row_shape, spec["dtype"]))
         except Exception as error:  # any failure leaves this version FAILED and the others serving
+            for batcher in batchers.values():
+                batcher.close()
             return Version(name, number, path, FAILED, fingerprint, error=f"{type(error).__name__}: {error}")
-        return Version(name, number, path, AVAILABLE, fingerprint, model=model, batcher=batcher)
+        return Version(name, number, path, AVAILABLE, fingerprint, model=model, batchers=batchers)
+
+    def rows_per_call(self, length: int | None) -> int:
+        """The batch size of a call: max_batch_size, fewer for long buckets under max_batch_tokens."""
+        if length is None or self.max_batch_tokens is None:
+            return self.max_batch_size
+        return max(1, min(self.max_batch_size, self.max_batch_tokens // length))
 
     def scan(self) -> list[str]:
         """Load new versions (and retry changed failed ones); return what happened, one line each."""
@@ -149,7 +211,7 @@ class ModelRepository:
         """Rows per model call -> number of calls, over every loaded version."""
         totals: dict[int, int] = {}
         with self._lock:
-            batchers = [v.batcher for vs in self._models.values() for v in vs.values() if v.batcher]
+            batchers = [b for vs in self._models.values() for v in vs.values() for b in v.batchers.values()]
         for batcher in batchers:
             for size, calls in list(batcher.batch_sizes.items()):
                 totals[size] = totals.get(size, 0) + calls
@@ -174,6 +236,6 @@ class ModelRepository:
         if self._poller is not None:
             self._poller.join()
         with self._lock:
-            batchers = [v.batcher for vs in self._models.values() for v in vs.values() if v.batcher]
+            batchers = [b for vs in self._models.values() for v in vs.values() for b in v.batchers.values()]
         for batcher in batchers:
             batcher.close()

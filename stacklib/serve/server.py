@@ -12,6 +12,14 @@ the model's input without its batch dimension). The endpoint checks them against
 artifact's signature *before* they reach the batcher, so a wrong shape is a 400 that
 names the expected signature and never poisons the batch of other clients.
 
+For a sequence model (chapter 12's language model, exported by `stacklib.serve.lm`)
+each row is a list of token ids, and rows may differ in length: each is padded with the
+manifest's `pad_value` to its length bucket (the smallest of 8, 16, ..., max_seq_len that
+holds it) and joins that bucket's batcher, whose calls always have the shape
+(rows per call, bucket): max_batch_size rows, or fewer for long buckets under the
+server's max_batch_tokens. A row's answer therefore depends only on the row: never on
+who else was calling, nor on the other rows of its own request.
+
 Differences from TF Serving's REST API: `inputs` only (no `instances` form, no named
 multi-input signatures), JSON only, metrics as JSON rather than Prometheus text.
 """
@@ -26,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from stacklib import http
 from stacklib.serve.repository import ModelRepository
@@ -57,14 +66,47 @@ class Metrics:
         return {"requests": requests, "latency_ms": {"count": len(latencies), **percentiles}}
 
 
-def _parse_inputs(payload: dict, version) -> np.ndarray:
+def _expected(version) -> str:
+    spec = version.model.manifest["inputs"][0]
+    if version.length_buckets:
+        vocab = version.model.manifest["metadata"].get("vocab_size")
+        ids = f"ids 0..{vocab - 1}" if vocab else "non-negative ids"
+        return (f"model {version.name!r} version {version.number} expects \"inputs\": a list of token rows, "
+                f"each 1 to {version.length_buckets[-1]} {ids} (signature {version.model.signature}).")
+    return (f"model {version.name!r} version {version.number} expects \"inputs\": a list of rows, "
+            f"each of shape {tuple(spec['shape'][1:])} and dtype {spec['dtype']} "
+            f"(signature {version.model.signature}).")
+
+
+def _parse_sequences(payload: dict, version) -> list[np.ndarray]:
+    """A sequence model's `inputs`: rows of token ids, lengths may differ, or a 400."""
+    expected, manifest = _expected(version), version.model.manifest
+    rows = payload["inputs"]
+    if not isinstance(rows, list) or not rows or not all(isinstance(row, list) for row in rows):
+        raise http.HTTPError(400, f"\"inputs\" must be a non-empty list of lists of token ids; {expected}")
+    vocab = manifest["metadata"].get("vocab_size")
+    limit = vocab if vocab is not None else int(np.iinfo(manifest["inputs"][0]["dtype"]).max) + 1
+    parsed = []
+    for i, row in enumerate(rows):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+            raise http.HTTPError(400, f"row {i} of \"inputs\" holds values that are not integer ids; "
+                                      f"{expected}")
+        if not 1 <= len(row) <= version.length_buckets[-1]:
+            raise http.HTTPError(400, f"row {i} of \"inputs\" has {len(row)} tokens; {expected}")
+        if min(row) < 0 or max(row) >= limit:
+            raise http.HTTPError(400, f"row {i} of \"inputs\" has an id out of range; {expected}")
+        parsed.append(np.asarray(row, manifest["inputs"][0]["dtype"]))
+    return parsed
+
+
+def _parse_inputs(payload: dict, version) -> np.ndarray | list[np.ndarray]:
     """The `inputs` of a request as an array of the model's dtype and shape, or a 400."""
     spec = version.model.manifest["inputs"][0]
-    expected = (f"model {version.name!r} version {version.number} expects \"inputs\": a list of rows, "
-                f"each of shape {tuple(spec['shape'][1:])} and dtype {spec['dtype']} "
-                f"(signature {version.model.signature}).")
+    expected = _expected(version)
     if "inputs" not in payload:
         raise http.HTTPError(400, f"the request has no \"inputs\"; {expected}")
+    if version.length_buckets:
+        return _parse_sequences(payload, version)
     try:
         rows = np.asarray(payload["inputs"])
     except (ValueError, TypeError):
@@ -77,6 +119,29 @@ def _parse_inputs(payload: dict, version) -> np.ndarray:
     if list(rows.shape[1:]) != list(spec["shape"][1:]) or len(rows) == 0:
         raise http.HTTPError(400, f"\"inputs\" has shape {rows.shape}; {expected}")
     return rows.astype(spec["dtype"])
+
+
+async def _run_sequences(version, rows: list[np.ndarray]) -> np.ndarray:
+    """Pad each row to its length bucket, submit each bucket's rows together, answer in order."""
+    pad_value = version.model.manifest["pad_value"]
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(version.bucket(len(row)), []).append(i)
+    submitted = []  # (row indices, future); a bucket's rows in chunks of its batcher's call size
+    for length, indices in groups.items():
+        batcher = version.batchers[length]
+        for start in range(0, len(indices), batcher.max_batch_size):
+            chunk = indices[start:start + batcher.max_batch_size]
+            padded = np.full((len(chunk), length), pad_value, rows[0].dtype)
+            for j, i in enumerate(chunk):
+                padded[j, :len(rows[i])] = rows[i]
+            submitted.append((chunk, batcher.submit(padded)))
+    outputs: list = [None] * len(rows)
+    for chunk, future in submitted:
+        answered = await asyncio.wrap_future(future)
+        for j, i in enumerate(chunk):
+            outputs[i] = answered[j]
+    return np.stack(outputs)
 
 
 def create_app(repository: ModelRepository, *, max_body_bytes: int = http.MAX_BODY_BYTES) -> FastAPI:
@@ -103,7 +168,10 @@ def create_app(repository: ModelRepository, *, max_body_bytes: int = http.MAX_BO
             if len(rows) > repository.max_batch_size:
                 raise http.HTTPError(400, f"{len(rows)} rows in one request; the most is "
                                           f"{repository.max_batch_size} (the server's --max-batch-size).")
-            outputs = await asyncio.wrap_future(version.batcher.submit(rows))
+            if version.length_buckets:
+                outputs = await _run_sequences(version, rows)
+            else:
+                outputs = await asyncio.wrap_future(version.batcher.submit(rows))
         except http.HTTPError:
             metrics.record("rejected")
             raise
@@ -111,7 +179,9 @@ def create_app(repository: ModelRepository, *, max_body_bytes: int = http.MAX_BO
             metrics.record("failed")
             raise http.HTTPError(500, f"the model failed: {type(error).__name__}: {error}") from None
         metrics.record("ok", time.perf_counter() - start)
-        return {"model": name, "version": version.number, "outputs": outputs.tolist()}
+        # A JSONResponse skips FastAPI's jsonable_encoder, which walks every float of the
+        # outputs in Python (256 logits a row for the language model: most of a request).
+        return JSONResponse({"model": name, "version": version.number, "outputs": outputs.tolist()})
 
     @app.post("/v1/models/{name}/predict")
     async def predict_newest(name: str, request: Request):
