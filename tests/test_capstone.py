@@ -68,16 +68,10 @@ def test_int8_ptq_keeps_the_loss_within_the_margin_and_shrinks_the_kernels():
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def test_artifact_weights_are_string_keyed_and_map_back():
-    tree = {"layers": {0: {"w": 1}, 1: {"w": 2}}, "norm": {"scale": 3}}
-    keyed = serving._string_keys(tree)
-    assert keyed == {"layers": {"0": {"w": 1}, "1": {"w": 2}}, "norm": {"scale": 3}}
-    assert serving._with_keys_of(tree, keyed) == tree
-
-
-def test_the_exported_model_loads_in_a_fresh_process_bitwise(tmp_path):
+def test_the_exported_model_loads_in_a_fresh_process_and_generates_like_the_model(tmp_path):
     model = train.make_model(load_config(None, **TINY))
     tokens = np.arange(2 * 8, dtype=np.int32).reshape(2, 8)
-    result = serving.export_and_load_elsewhere(model, tokens, tmp_path / "1")
-    assert result.bitwise and result.logits_shape == [2, 8, 256] and result.model_code_imported == []
+    result = serving.export_and_load_elsewhere(model, tokens, 5, tmp_path / "1")
+    assert result.bitwise and result.generated_equal and result.model_code_imported == []
+    assert result.generated.shape == (2, 13) and np.array_equal(result.generated[:, :8], tokens)
     assert set(result.manifest["platforms"]) == {"cpu", "tpu", "cuda"}

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
                    "weight_bytes": [report.quant.float_bytes, report.quant.int8_bytes]},
         "6_serving": {"url": report.serving.url, "completions": report.serving.completions,
                       "served_tokens_per_s": report.serving.tokens_per_second,
-                      "artifact_bitwise_in_fresh_process": report.export.bitwise},
+                      "artifact_bitwise_in_fresh_process": report.export.bitwise,
+                      "artifact_generation_equal": report.export.generated_equal},
         "figure": args.figure,
     }
     print(json.dumps(summary, indent=1, default=float), flush=True)

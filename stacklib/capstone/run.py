@@ -128,6 +128,7 @@ class CapstoneReport:
         assert self.serving.completions == self.serving.engine_completions, \
             "greedy completions through the server differ from the engine's"
         assert self.export.bitwise, "the artifact's logits in a fresh process differ from the jitted model's"
+        assert self.export.generated_equal, "greedy tokens from the artifact differ from llm.generate's"
         assert not self.export.model_code_imported, f"the artifact needed {self.export.model_code_imported}"
         if self.post_training is not None:
             self.post_training.check()
@@ -156,5 +157,6 @@ def run_all(workdir: str | pathlib.Path | None = None) -> CapstoneReport:
     target = served_model(stage4)
     quant = quantization.quantize_and_score(target.model, heldout_batches(), target.accuracy)
     served = serving.serve_with_openai(target.model, target.prompts, max_tokens=target.max_tokens)
-    exported = serving.export_and_load_elsewhere(target.model, target.export_tokens, workdir / "export" / "1")
+    exported = serving.export_and_load_elsewhere(target.model, target.export_tokens, target.max_tokens,
+                                                 workdir / "export" / "1")
     return CapstoneReport(whole, killed, resumed, step_profile, stage4, quant, served, exported, target.name)

@@ -4,9 +4,11 @@
    server, on a free localhost port, queried with the real `openai` client. Greedy
    completions through the server must equal the engine's own `generate`, and a burst of
    concurrent requests measures the served throughput (continuous batching).
-2. The model exported as an artifact (`stacklib.serve.export`, chapter 15): a StableHLO
-   program with a symbolic batch plus its weights, loaded in a fresh Python process that
-   never imports the model's code. Its logits must equal the jitted model's, bitwise.
+2. The model exported as an artifact (`stacklib.serve.lm.export`, chapter 15): its
+   next-token function as StableHLO with a symbolic batch and length, plus its weights,
+   loaded in a fresh Python process that never imports the model's code. Its logits must
+   equal the jitted function's bitwise, and greedy generation from it must give
+   `stacklib.llm.generate`'s tokens.
 
 Every wait is bounded: the server starts within `stacklib.http.Server`'s timeout, each
 request has a client timeout and no retries, the child process has a timeout.
@@ -28,10 +30,11 @@ import jax
 import numpy as np
 
 import stacklib.nn as nnx
-import stacklib.serve as serve
 from stacklib import http
 from stacklib.infer import LLM, SamplingParams
 from stacklib.infer.serve import create_app
+from stacklib.llm import generate
+from stacklib.serve import lm
 
 REQUEST_TIMEOUT = 120.0  # seconds per HTTP request (a loaded 2-core machine)
 CHILD_TIMEOUT = 300.0
@@ -97,67 +100,58 @@ CHILD = """
 import json, sys
 import numpy as np
 import stacklib.serve as serve
-directory, tokens_path, expected_path = sys.argv[1:4]
+from stacklib.serve import lm
+directory, scratch, max_new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model = serve.load(directory)
-logits = np.asarray(model(np.load(tokens_path)))
+tokens = np.load(scratch + "/tokens.npy")
+np.save(scratch + "/logits.npy", np.asarray(model(tokens)))
+np.save(scratch + "/generated.npy", lm.generate(model, tokens, max_new_tokens))
 model_code = sorted(m for m in sys.modules if m.split(".")[0] == "flax"
                     or m.startswith(("stacklib.nn", "stacklib.llm", "stacklib.quant")))
-print(json.dumps({"bitwise": bool(np.array_equal(logits, np.load(expected_path))),
-                  "shape": list(logits.shape), "model_code_imported": model_code}))
+print(json.dumps({"model_code_imported": model_code}))
 """
-
-
-def _string_keys(tree):
-    """The artifact format keys weights by strings: layer 0 becomes "0"."""
-    if isinstance(tree, dict):
-        return {str(key): _string_keys(value) for key, value in tree.items()}
-    return tree
-
-
-def _with_keys_of(template, tree):
-    """`tree` keyed as `template` again (the integer layer indices back)."""
-    if isinstance(template, dict):
-        return {key: _with_keys_of(value, tree[str(key)]) for key, value in template.items()}
-    return tree
 
 
 @dataclasses.dataclass
 class ExportResult:
     directory: pathlib.Path
     manifest: dict
-    bitwise: bool  # the fresh process's logits equal the jitted model's
-    logits_shape: list[int]
+    bitwise: bool  # the fresh process's next-token logits equal the jitted function's
+    generated_equal: bool  # its greedy tokens equal stacklib.llm.generate's (no KV cache)
+    generated: np.ndarray  # (B, T0 + new) ids generated in the fresh process
     model_code_imported: list[str]  # modules of model code the fresh process imported (none)
 
 
-def export_and_load_elsewhere(model: nnx.Module, tokens: np.ndarray,
+def export_and_load_elsewhere(model: nnx.Module, tokens: np.ndarray, max_new_tokens: int,
                               directory: str | os.PathLike | None = None) -> ExportResult:
-    """Export `model`'s forward pass (tokens -> logits), load it in a fresh process, compare.
+    """Export `model` with chapter 15's `stacklib.serve.lm`; load and run it in a fresh process.
+
+    The artifact is the model's next-token function with a symbolic batch and length. The
+    fresh process loads it (verifying every hash), computes the next-token logits of
+    `tokens` and generates `max_new_tokens` greedily from them; both must equal what this
+    process computes from the model's own code.
 
     Args:
       model: a chapter-12 Transformer.
-      tokens: (B, T) int32 token ids; T is fixed in the artifact, the batch is symbolic.
+      tokens: (B, T0) int32 prompt ids, every row the same length.
+      max_new_tokens: tokens to generate from the artifact.
       directory: where to write the artifact (must not exist; default: a new temporary folder).
     """
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    keyed = nnx.to_pure_dict(params)  # nested dicts; the layer indices are ints
-
-    def forward(weights, tokens):
-        return nnx.merge(graphdef, _with_keys_of(keyed, weights), rest, copy=True)(tokens)  # (B, T, vocab)
-
-    pure = _string_keys(keyed)
     directory = pathlib.Path(directory or pathlib.Path(tempfile.mkdtemp(prefix="capstone-export-")) / "1")
-    manifest = serve.export(forward, pure, (tokens[:1],), directory, metadata={"stage": "capstone"})
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix="capstone-check-"))
+    manifest = lm.export(model, directory, platforms=("cpu", "tpu", "cuda"), metadata={"stage": "capstone"})
+    fn, params = lm.next_token_function(model)
+    expected_logits = np.asarray(jax.jit(fn)(params, tokens))  # the jitted reference (chapter 15)
+    expected_tokens = generate(model, tokens, max_new_tokens, use_cache=False)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="capstone-check-"))  # the arrays both processes read
     np.save(scratch / "tokens.npy", tokens)
-    np.save(scratch / "expected.npy", np.asarray(jax.jit(forward)(pure, tokens)))  # the jitted reference
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(pathlib.Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
-    child = subprocess.run([sys.executable, "-c", CHILD, str(directory), str(scratch / "tokens.npy"),
-                            str(scratch / "expected.npy")], capture_output=True, text=True,
-                           timeout=CHILD_TIMEOUT, env=env)
+    command = [sys.executable, "-c", CHILD, str(directory), str(scratch), str(max_new_tokens)]
+    child = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env)
     if child.returncode != 0:
         raise RuntimeError(f"loading the artifact in a fresh process failed:\n{child.stderr[-3000:]}")
     report = json.loads(child.stdout.strip().splitlines()[-1])
-    return ExportResult(directory, manifest, report["bitwise"], report["shape"],
+    logits, generated = np.load(scratch / "logits.npy"), np.load(scratch / "generated.npy")
+    return ExportResult(directory, manifest, bool(np.array_equal(logits, expected_logits)),
+                        bool(np.array_equal(generated, expected_tokens)), generated,
                         report["model_code_imported"])
