@@ -408,17 +408,17 @@ def digit_reward(prompts, completions, **kwargs):
 
 
 def test_grpo_raises_the_reward_of_a_tiny_model_and_logs_reward_and_kl():
-    cluster = tiny_cluster(max_steps=10)
+    cluster = tiny_cluster(max_steps=7)
     learner = GRPOLearner(cluster, GRPOConfig(num_generations=8, beta=0.04), [digit_reward])
     batches = [{"prompts": np.array(["1+2=", "3+4=", "5+6=", "7+8="] * 4)}] * 10
     learner.train(batches, eval_ds=batches[:1])
     logger = cluster.metrics_logger
     rewards = logger.get_metric_history("", "rewards/mean", "train")
-    assert len(rewards) == 10 and cluster.global_steps == 10
+    assert len(rewards) == 7 and cluster.global_steps == 7  # max_steps, though the data has 10 batches
     assert rewards[-3:].mean() > 2 * rewards[:3].mean() + 0.05
     kl = logger.get_metric_history("", "kl", "train")
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 0  # the actor moved away from the reference
-    assert logger.get_metric_steps("", "rewards/digit_reward", "eval").tolist() == [0, 4, 8]
+    assert logger.get_metric_steps("", "rewards/digit_reward", "eval").tolist() == [0, 4]
     assert learner.train_time > 0
 
 
