@@ -177,6 +177,17 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "tpu": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 64, "d_ff": 1536,
                 "seq_len": 512, "batch_size": 64, "steps": 2000, "checkpoint_every": 250},
     },
+    # Chapter 13: the live parts of post-training, in steps (the SFT -> GRPO recipe itself lives
+    # in stacklib.align.recipes, and its long runs are cached by stacklib.align.zoo). CPU: each
+    # section trains for seconds; accelerators: long enough to converge.
+    "post_training": {
+        "cpu": {"sft_live_steps": 40, "lora_rank": 8, "lora_steps": 40, "dpo_steps": 50, "grpo_steps": 15,
+                "grpo_eval_every": 5},
+        "gpu": {"sft_live_steps": 200, "lora_rank": 8, "lora_steps": 800, "dpo_steps": 200, "grpo_steps": 100,
+                "grpo_eval_every": 20},
+        "tpu": {"sft_live_steps": 200, "lora_rank": 8, "lora_steps": 800, "dpo_steps": 200, "grpo_steps": 100,
+                "grpo_eval_every": 20},
+    },
     # Chapter 16: the capstone's own training run (stacklib.llm overrides, on a 2x2x2 mesh),
     # killed after `kill_after` steps and resumed; then the held-out batches it scores on
     # (50 MB of corpus is more than the whole standard library: all of it).

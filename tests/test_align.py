@@ -184,7 +184,8 @@ def test_full_sft_lowers_the_loss_and_logs_a_loss_per_step(problems):
     train, heldout = problems
     model = tiny_model()
     trainer = PeftTrainer(model, optax.adam(3e-3), TrainingConfig(eval_every_n_steps=5, max_steps=20))
-    trainer.train(_sft_batches(train, 40), _sft_batches(heldout, 2))
+    batches = [TrainingInput(b["input_tokens"], b["input_mask"]) for b in _sft_batches(train, 40)]
+    trainer.train(batches, _sft_batches(heldout, 2))  # NamedTuple batches (tunix's TrainingInput), dict ones
     history = trainer.metrics_logger.get_metric_history("", "loss", "train")
     assert len(history) == trainer.train_steps == 20
     assert history[-5:].mean() < 0.7 * history[:5].mean()
@@ -211,18 +212,6 @@ def test_gradient_accumulation_of_k_batches_is_one_step_on_their_union(problems)
     expected = jax.tree.map(lambda p, g1, g2: p - 0.5 * (g1 + g2) / 2, params, *grads)
     for got, want in zip(jax.tree.leaves(nnx.state(one, nnx.Param)), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
-def test_training_input_and_a_custom_gen_model_input_fn(problems):
-    train, _ = problems
-    batch = _sft_batches(train, 1)[0]
-    trainer = PeftTrainer(tiny_model(), optax.sgd(0.1), TrainingConfig(eval_every_n_steps=10, max_steps=1))
-    trainer.train([TrainingInput(batch["input_tokens"], batch["input_mask"])])
-    seen = []
-    trainer = PeftTrainer(tiny_model(), optax.sgd(0.1), TrainingConfig(eval_every_n_steps=10, max_steps=1))
-    trainer.with_gen_model_input_fn(lambda x: seen.append(1) or {"input_tokens": x[0], "input_mask": x[1]})
-    trainer.train([(batch["input_tokens"], batch["input_mask"])])
-    assert seen and trainer.train_steps == 1
 
 
 @pytest.mark.parametrize("weight_qtype", [None, jnp.int8], ids=["lora", "qlora"])
@@ -419,17 +408,17 @@ def digit_reward(prompts, completions, **kwargs):
 
 
 def test_grpo_raises_the_reward_of_a_tiny_model_and_logs_reward_and_kl():
-    cluster = tiny_cluster(max_steps=10)
+    cluster = tiny_cluster(max_steps=7)
     learner = GRPOLearner(cluster, GRPOConfig(num_generations=8, beta=0.04), [digit_reward])
     batches = [{"prompts": np.array(["1+2=", "3+4=", "5+6=", "7+8="] * 4)}] * 10
     learner.train(batches, eval_ds=batches[:1])
     logger = cluster.metrics_logger
     rewards = logger.get_metric_history("", "rewards/mean", "train")
-    assert len(rewards) == 10 and cluster.global_steps == 10
+    assert len(rewards) == 7 and cluster.global_steps == 7  # max_steps, though the data has 10 batches
     assert rewards[-3:].mean() > 2 * rewards[:3].mean() + 0.05
     kl = logger.get_metric_history("", "kl", "train")
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 0  # the actor moved away from the reference
-    assert logger.get_metric_steps("", "rewards/digit_reward", "eval").tolist() == [0, 4, 8]
+    assert logger.get_metric_steps("", "rewards/digit_reward", "eval").tolist() == [0, 4]
     assert learner.train_time > 0
 
 

@@ -22,6 +22,17 @@ Why these settings (measured on the 2-core CPU; tests/test_align_recipe.py check
   half the accuracy; 32 prompts per step learned about half as fast per step.
 * **The task is easy enough:** answers are 1-3 digits and end with "\\n", so a
   completion is 4 tokens and a rollout is one prefill and three decode steps.
+
+Measured (`make bench ONLY=align`, greedy accuracy on the 257 held-out problems):
+
+    seed                 0       1       2
+    base              0.0 %   0.0 %   0.0 %
+    SFT start        26.8 %  30.7 %  36.2 %   (375, 375, 350 steps)
+    SFT + GRPO       53.3 %  52.1 %  65.4 %   (+26.5, +21.4, +29.2 points in 150 steps)
+
+A GRPO step costs about 0.5 s of CPU time (process time; 512 completions sampled, scored
+and trained on), 80 % of it the update: 150 steps are ~78 CPU-seconds, a minute or less of
+wall time on two idle cores (111-188 s measured on a machine shared at load 7-10).
 """
 
 from __future__ import annotations
