@@ -24,7 +24,7 @@ book: $(STAMP)  ## execute the chapters (cached) and build the HTML book into _b
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile \
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
 		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book
