@@ -134,9 +134,10 @@ def sft_batch(problems: Sequence[Problem], tokenizer) -> dict[str, np.ndarray]:
     return {"input_tokens": np.concatenate([prompts, completions], axis=1), "input_mask": mask}
 
 
-def sft_batches(problems: Sequence[Problem], tokenizer, batch_size: int, *, seed: int = 0,
-                num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Endless (or `num_batches`) shuffled SFT batches from `problems`, seeded."""
+def _shuffled_batches(problems: Sequence[Problem], batch_size: int, seed: int,
+                      num_batches: int | None) -> Iterator[list[Problem]]:
+    """Lists of `batch_size` problems, a fresh seeded permutation each epoch (the last partial
+    batch of an epoch is dropped); endless, or `num_batches` of them."""
     rng = np.random.default_rng(seed)
     count = 0
     while num_batches is None or count < num_batches:
@@ -144,8 +145,15 @@ def sft_batches(problems: Sequence[Problem], tokenizer, batch_size: int, *, seed
         for start in range(0, len(order) - batch_size + 1, batch_size):
             if num_batches is not None and count >= num_batches:
                 return
-            yield sft_batch([problems[i] for i in order[start:start + batch_size]], tokenizer)
+            yield [problems[i] for i in order[start:start + batch_size]]
             count += 1
+
+
+def sft_batches(problems: Sequence[Problem], tokenizer, batch_size: int, *, seed: int = 0,
+                num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Endless (or `num_batches`) shuffled SFT batches from `problems`, seeded."""
+    for chosen in _shuffled_batches(problems, batch_size, seed, num_batches):
+        yield sft_batch(chosen, tokenizer)
 
 
 def prompt_batches(problems: Sequence[Problem], batch_size: int, *, seed: int = 0,
@@ -155,17 +163,9 @@ def prompt_batches(problems: Sequence[Problem], batch_size: int, *, seed: int = 
     NumPy arrays, not lists: tunix's GRPO needs its prompts as a NumPy array (a list is
     split per element by its data iterator); ours accepts either.
     """
-    rng = np.random.default_rng(seed)
-    count = 0
-    while num_batches is None or count < num_batches:
-        order = rng.permutation(len(problems))
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            if num_batches is not None and count >= num_batches:
-                return
-            chosen = [problems[i] for i in order[start:start + batch_size]]
-            yield {"prompts": np.array([p.prompt for p in chosen]),
-                   "answer": np.array([p.answer for p in chosen])}
-            count += 1
+    for chosen in _shuffled_batches(problems, batch_size, seed, num_batches):
+        yield {"prompts": np.array([p.prompt for p in chosen]),
+               "answer": np.array([p.answer for p in chosen])}
 
 
 # -- grading ------------------------------------------------------------------------------------
