@@ -26,9 +26,7 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import uuid
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +35,7 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.align import recipes, tasks
-from stacklib.llm.zoo import CACHE_ENV, _exclusive
+from stacklib.llm.zoo import CACHE_ENV, load_or_build
 
 
 def cache_dir() -> pathlib.Path:
@@ -78,23 +76,15 @@ def _load(directory: pathlib.Path, recipe: recipes.Recipe):
 
 def cached(name: str, recipe: recipes.Recipe, build: Callable[[], tuple[Any, Any, dict[str, Any]]]):
     """`build()` -> (model, tokenizer, info) once per machine per recipe; loaded after that."""
-    root = cache_dir()
-    key = _key(name, recipe)
-    directory = root / key
-    with _exclusive(root / f"{key}.lock"):
-        for leftover in root.glob(f"{key}.partial-*"):  # from a process killed mid-write
-            shutil.rmtree(leftover, ignore_errors=True)
-        if directory.exists():
-            try:
-                return _load(directory, recipe)
-            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
-                warnings.warn(f"The cached model {key!r} in {directory} cannot be loaded "
-                              f"({type(error).__name__}: {error}); training it again.", stacklevel=2)
-                shutil.rmtree(directory)
+
+    def build_and_save(directory: pathlib.Path):
         model, tokenizer, info = build()
         info = {**info, "recipe": recipe.to_dict()}
         _save(directory, model, info)
         return model, tokenizer, info
+
+    return load_or_build(cache_dir() / _key(name, recipe), lambda directory: _load(directory, recipe),
+                         build_and_save)
 
 
 def sft_start(seed: int = 0, recipe: recipes.Recipe | None = None):

@@ -36,8 +36,8 @@ import pathlib
 import shutil
 import uuid
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 
@@ -49,6 +49,7 @@ from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
 
 CACHE_ENV = "STACKLIB_CACHE"
+T = TypeVar("T")
 
 # name -> the settings that differ from configs/base.yml. Each trains in about a minute
 # on an idle 2-core CPU.
@@ -91,6 +92,29 @@ def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
+                  build: Callable[[pathlib.Path], T]) -> T:
+    """The cache protocol every zoo shares: `load(directory)`, or `build(directory)` once.
+
+    Under an exclusive lock on `<directory>.lock`: delete the partial writes a killed process
+    left behind, then load `directory` if it exists; if it cannot be loaded for any reason,
+    delete it with a warning that says why and build again. `build` must write `directory`
+    atomically (into a temporary name, renamed into place when complete).
+    """
+    root, key = directory.parent, directory.name
+    with _exclusive(root / f"{key}.lock"):
+        for leftover in root.glob(f"{key}.partial-*"):  # from a process killed mid-write
+            shutil.rmtree(leftover, ignore_errors=True)
+        if directory.exists():
+            try:
+                return load(directory)
+            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
+                warnings.warn(f"The cached model {key!r} in {directory} cannot be loaded "
+                              f"({type(error).__name__}: {error}); training it again.", stacklevel=3)
+                shutil.rmtree(directory)
+        return build(directory)
 
 
 def _abstract_params(config: Config) -> tuple[nnx.GraphDef, Any]:
@@ -136,16 +160,6 @@ def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
       KeyError: `name` is not in the zoo.
     """
     config = zoo_config(name)
-    root = cache_dir()
-    directory = root / name
-    with _exclusive(root / f"{name}.lock"):
-        for leftover in root.glob(f"{name}.partial-*"):  # from a process killed mid-write
-            shutil.rmtree(leftover, ignore_errors=True)
-        if directory.exists():
-            try:
-                return _load(directory, config), ByteTokenizer()
-            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
-                warnings.warn(f"The cached model {name!r} in {directory} cannot be loaded "
-                              f"({type(error).__name__}: {error}); training it again.", stacklevel=2)
-                shutil.rmtree(directory)
-        return _build(directory, config), ByteTokenizer()
+    model = load_or_build(cache_dir() / name, lambda directory: _load(directory, config),
+                          lambda directory: _build(directory, config))
+    return model, ByteTokenizer()
