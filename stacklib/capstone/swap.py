@@ -164,20 +164,6 @@ def load_weights(config: Config, nnx: Any, weights: dict):
     return model
 
 
-def make_step(graphdef, tx, nnx: Any, optax: Any):
-    def loss_fn(params, batch):
-        logits = nnx.merge(graphdef, params)(batch[:, :-1])  # (B, T, vocab)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return step
-
-
 def checkpoint_round_trip(ocp: Any, directory: pathlib.Path, step: int, state: dict, iterator_state: dict):
     """Save `state` and the iterator's state at `step`, then restore both with a fresh manager."""
     options = ocp.CheckpointManagerOptions(max_to_keep=1)
@@ -235,7 +221,7 @@ def run(config: Config, stack: Stack = Stack(), *, workdir: str | pathlib.Path |
     graphdef, params = make_model(config, lib.nnx)
     tx = train.make_optimizer(config, optax_module=lib.optax)
     opt_state = tx.init(params)
-    step_fn = make_step(graphdef, tx, lib.nnx, lib.optax)
+    step_fn = twin.jitted_step(graphdef, tx, lib.nnx, lib.optax)
     restored_at = config.steps // 2
     losses = []
     with tempfile.TemporaryDirectory(dir=workdir) as scratch:

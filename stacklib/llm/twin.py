@@ -101,18 +101,25 @@ def copy_params(ours: stacklib.nn.State, config: Config) -> tuple[nnx.GraphDef, 
     return graphdef, params
 
 
-def make_train_step(graphdef: nnx.GraphDef, config: Config):
-    """(jitted step, optimizer): the same loss and optimizer as train.py, from flax and optax."""
-    tx = train.make_optimizer(config, optax_module=optax)
+def jitted_step(graphdef, tx, nnx_module=nnx, optax_module=optax):
+    """`step(params, opt_state, batch) -> (params, opt_state, loss)`, jitted: train.py's loss and
+    update written against whichever `nnx` and `optax` modules are passed (flax's and optax's by
+    default; stacklib's for the capstone's swap matrix)."""
 
     def loss_fn(params, batch):
-        logits = nnx.merge(graphdef, params)(batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+        logits = nnx_module.merge(graphdef, params)(batch[:, :-1])  # (B, T, vocab)
+        return optax_module.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
     @jax.jit
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax_module.apply_updates(params, updates), opt_state, loss
 
-    return step, tx
+    return step
+
+
+def make_train_step(graphdef: nnx.GraphDef, config: Config):
+    """(jitted step, optimizer): the same loss and optimizer as train.py, from flax and optax."""
+    tx = train.make_optimizer(config, optax_module=optax)
+    return jitted_step(graphdef, tx), tx
