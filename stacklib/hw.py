@@ -181,7 +181,7 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
     # in stacklib.align.recipes, and its long runs are cached by stacklib.align.zoo). CPU: each
     # section trains for seconds; accelerators: long enough to converge.
     "post_training": {
-        "cpu": {"sft_live_steps": 40, "lora_rank": 8, "lora_steps": 40, "dpo_steps": 50, "grpo_steps": 15,
+        "cpu": {"sft_live_steps": 40, "lora_rank": 8, "lora_steps": 40, "dpo_steps": 50, "grpo_steps": 30,
                 "grpo_eval_every": 5},
         "gpu": {"sft_live_steps": 200, "lora_rank": 8, "lora_steps": 800, "dpo_steps": 200, "grpo_steps": 100,
                 "grpo_eval_every": 20},

@@ -1,5 +1,6 @@
 """Shared paths and helpers for the test suite."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -30,3 +31,21 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture
 def root() -> pathlib.Path:
     return ROOT
+
+
+def cache_fingerprint(directory: pathlib.Path) -> dict[str, bytes]:
+    """Every file of a cached model, by relative path, minus what records when or how long.
+
+    Two builds of one request must agree on all of it: the step metadata's timestamp and
+    the `timing` item (the training's wall-clock seconds) are the only parts left out.
+    """
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if path.is_dir() or "timing" in relative.parts:
+            continue
+        data = path.read_bytes()
+        if path.name == "_CHECKPOINT_METADATA":
+            data = json.dumps({k: v for k, v in json.loads(data).items() if k != "timestamp"}).encode()
+        files[str(relative)] = data
+    return files

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import cache_fingerprint
 
 import stacklib.nn as nnx
 import stacklib.optim as optax
@@ -20,6 +21,7 @@ from stacklib.align.grpo_learner import GRPOConfig, GRPOLearner, compute_advanta
 from stacklib.align.peft_trainer import PeftTrainer, TrainingConfig, TrainingInput, next_token_loss
 from stacklib.align.rl_cluster import ClusterConfig, Mode, RLCluster, RLTrainingConfig, RolloutConfig
 from stacklib.llm import ByteTokenizer, Transformer, load_config
+from stacklib.llm import zoo as llm_zoo
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=16, seq_len=16,
             progress=False)
@@ -462,29 +464,34 @@ def test_an_empty_batch_is_named():
 
 # -- the zoo: trained once, cached ---------------------------------------------------------------
 
-def test_the_zoo_trains_once_loads_after_and_rebuilds_a_corrupt_cache(tmp_path, monkeypatch):
+def test_the_zoo_trains_once_loads_after_and_rebuilds_a_corrupt_cache_into_the_same_files(
+        tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
-    base = tiny_model()  # in place of llm.pretrained(recipe.base_model), to keep the test fast
-    monkeypatch.setattr(recipes, "base_model", lambda recipe: (nnx.clone(base), TOKENIZER))
-    recipe = recipes.Recipe(base_model="tiny", heldout=16, validation=16, sft_eval_every=2, sft_max_steps=2,
-                            sft_batch_size=8, grpo_steps=2, grpo_prompts=2, num_generations=2)
-    calls = []
-    monkeypatch.setattr(recipes, "grpo", lambda *a, **k: calls.append(1) or _original_grpo(*a, **k))
+    # A tiny base model of its own: the build process trains it too, from the config in the request.
+    monkeypatch.setitem(llm_zoo.ZOO, "tiny-base",
+                        dict(TINY, steps=2, batch_size=4, max_corpus_bytes=100_000, eval_batches=0))
+    recipe = recipes.Recipe(base_model="tiny-base", heldout=16, validation=16,
+                            sft_batch_size=8, sft_eval_every=2, sft_max_steps=2,
+                            grpo_steps=2, grpo_prompts=2, num_generations=2)
     model, _, info = align_zoo.grpo(recipe=recipe)
-    assert (info["method"], info["steps"], len(info["reward"]), calls) == ("grpo", 2, 2, [1])
+    assert (info["method"], info["steps"], len(info["reward"])) == ("grpo", 2, 2)
     assert info["recipe"] == recipe.to_dict() and 0.0 <= info["heldout_accuracy"] <= 1.0
+    assert info["seconds"] > 0
     again, _, info_again = align_zoo.grpo(recipe=recipe)
-    assert calls == [1] and info_again == info  # loaded, not trained
+    assert info_again == info  # loaded, not trained
+    assert capfd.readouterr().err.count("Training 'grpo-") == 1
     params = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, again)]
     for a, b in zip(*params, strict=True):
         np.testing.assert_array_equal(a, b)
     names = sorted(p.name for p in (tmp_path / "align").iterdir() if not p.name.endswith(".lock"))
     assert [n.split("-")[0] for n in names] == ["grpo", "sft"]
-    damaged = next((tmp_path / "align" / names[0]).rglob("*lm_head*.bin"))
+    cached = tmp_path / "align" / names[0]
+    first_build = cache_fingerprint(cached)
+    damaged = next(cached.rglob("*lm_head*.bin"))
     damaged.write_bytes(b"\0" * damaged.stat().st_size)
     with pytest.warns(UserWarning, match="cannot be loaded"):
         align_zoo.grpo(recipe=recipe)
-    assert calls == [1, 1]
+    assert capfd.readouterr().err.count("Training 'grpo-") == 1
+    assert cache_fingerprint(cached) == first_build  # trained again in the fixed process: the same files
 
 
-_original_grpo = recipes.grpo

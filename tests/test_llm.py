@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, cache_fingerprint
 
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
@@ -292,42 +292,55 @@ def test_the_command_line_writes_one_json_line_per_step_with_mfu_and_goodput(tmp
 # -- zoo -------------------------------------------------------------------------------------
 
 ZOO_CHILD = f"""
-import jax, sys
+import hashlib, sys, jax, numpy as np
 jax.config.update("jax_platforms", "cpu")
-jax.config.update("jax_num_cpu_devices", 8)  # as in this test process: XLA's CPU code then rounds alike
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
 from stacklib.llm import zoo
 zoo.register("test-tiny", **{dict(TINY, steps=3)!r})
-built = zoo._build
-def counting_build(*args):
-    print("TRAINED", flush=True)
-    return built(*args)
-zoo._build = counting_build
 model, tokenizer = zoo.pretrained("test-tiny")
-print("PARAMS", sum(x.size for x in jax.tree.leaves(model)), flush=True)
+digest = hashlib.sha1(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(model)))
+print("PARAMS", digest.hexdigest(), flush=True)
 """
 
 
-def test_two_processes_train_a_zoo_model_once_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
+def test_a_zoo_model_is_trained_once_into_the_same_files_whoever_asks_and_a_corrupt_cache_is_rebuilt(
+        tmp_path, monkeypatch):
+    # Two processes ask at once, in different configurations: 8 simulated devices, and 1 device
+    # with XLA and JAX settings of its own (which the fixed build process must not inherit).
     env = dict(os.environ, STACKLIB_CACHE=str(tmp_path), PYTHONPATH=str(ROOT))
-    children = [subprocess.Popen([sys.executable, "-c", ZOO_CHILD], env=env, cwd=ROOT, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    hostile = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=3",
+                   JAX_DEFAULT_MATMUL_PRECISION="bfloat16")
+    children = [subprocess.Popen([sys.executable, "-c", ZOO_CHILD, devices], env=child_env, cwd=ROOT,
+                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for devices, child_env in (("8", env), ("1", hostile))]
     outputs = [child.communicate(timeout=300) for child in children]
     for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0, err[-2000:]
-    assert sum(out.count("TRAINED") for out, _ in outputs) == 1  # one trained, the other waited and loaded
+    assert sum(err.count("Training 'test-tiny' once") for _, err in outputs) == 1  # the other waited, loaded
     assert len({line for out, _ in outputs for line in out.splitlines() if line.startswith("PARAMS")}) == 1
     assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == ["test-tiny", "test-tiny.lock"]
+    cached = tmp_path / "llm" / "test-tiny"
+    first_build = cache_fingerprint(cached)
 
+    # This process (8 devices) rebuilds a corrupt cache: the same files again.
     monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(zoo.ZOO, "test-tiny", dict(TINY, steps=3))
     model, tokenizer = zoo.pretrained("test-tiny")  # loads what the child trained
     reference = nnx.state(model, nnx.Param)
     (tmp_path / "llm" / "test-tiny.partial-dead").mkdir()  # left by a process killed mid-write
-    damaged = next((tmp_path / "llm" / "test-tiny").rglob("*lm_head*.bin"))
+    damaged = next(cached.rglob("*lm_head*.bin"))
     damaged.write_bytes(b"\0" * damaged.stat().st_size)
     with pytest.warns(UserWarning, match=r"cannot be loaded \(CheckpointCorruptedError"):
         rebuilt, _ = zoo.pretrained("test-tiny")
     for a, b in zip(jax.tree.leaves(nnx.state(rebuilt, nnx.Param)), jax.tree.leaves(reference), strict=True):
-        np.testing.assert_array_equal(a, b)  # training is deterministic: the same model again
+        np.testing.assert_array_equal(a, b)
     assert not list((tmp_path / "llm").glob("*.partial-*"))
+    assert cache_fingerprint(cached) == first_build
+
+    # The build process's own command line, as a maintainer would pre-build a cache: the same files.
+    request = {"directory": str(tmp_path / "by-hand"), "config": zoo.zoo_config("test-tiny").to_dict()}
+    command = ["-m", "stacklib.llm.zoo_build", "stacklib.llm.zoo:build", json.dumps(request)]
+    subprocess.run([sys.executable, *command], env=env, cwd=ROOT, check=True, timeout=300)
+    assert cache_fingerprint(tmp_path / "by-hand") == first_build
+    assert json.loads((cached / "3" / "built_with" / "item.json").read_text())["cpu_devices"] == 1
     assert tokenizer.decode(tokenizer.encode("déjà vu")) == "déjà vu"

@@ -23,16 +23,16 @@ Why these settings (measured on the 2-core CPU; tests/test_align_recipe.py check
 * **The task is easy enough:** answers are 1-3 digits and end with "\\n", so a
   completion is 4 tokens and a rollout is one prefill and three decode steps.
 
-Measured (`make bench ONLY=align`, greedy accuracy on the 257 held-out problems):
+Measured (the zoo's models, trained in its fixed process: one CPU device, one core; greedy
+accuracy on the 257 held-out problems):
 
     seed                 0       1       2
     base              0.0 %   0.0 %   0.0 %
-    SFT start        26.8 %  30.7 %  36.2 %   (375, 375, 350 steps)
-    SFT + GRPO       53.3 %  52.1 %  65.4 %   (+26.5, +21.4, +29.2 points in 150 steps)
+    SFT start        31.9 %  30.7 %  29.6 %   (400, 375, 350 steps, ~10 s each)
+    SFT + GRPO       63.4 %  53.7 %  63.0 %   (+31.5, +23.0, +33.5 points in 150 steps)
 
-A GRPO step costs about 0.5 s of CPU time (process time; 512 completions sampled, scored
-and trained on), 80 % of it the update: 150 steps are ~78 CPU-seconds, a minute or less of
-wall time on two idle cores (111-188 s measured on a machine shared at load 7-10).
+A GRPO step costs about 0.4 s on one core (512 completions sampled, scored and trained on),
+80 % of it the update: 150 steps took 59-65 s.
 """
 
 from __future__ import annotations

@@ -10,10 +10,13 @@ every later one, in any process, loads:
     info["heldout_accuracy"], info["seconds"], info["steps"]
 
 The cache is `$STACKLIB_CACHE/align/<name>-<hash>/`, where the hash covers every field
-of the `Recipe`: change a setting and a new model is trained, the old one is kept.
-Writes are atomic (a temporary directory renamed into place) and serialised by an
-exclusive lock, exactly as in stacklib/llm/zoo.py (its docstring explains both); a cache
-that fails to load is deleted and rebuilt with a warning.
+of the `Recipe` and the base model's config: change a setting and a new model is trained,
+the old one is kept. The protocol is stacklib/llm/zoo.py's (its docstring explains it):
+trained in a fresh process with one CPU device and one core, so the files are the same
+whoever asks first; written atomically; serialised by an exclusive lock; a cache that
+fails to load is deleted and rebuilt with a warning. The training time is kept apart
+from the model and its scores (the `timing` item), as the one thing that differs between
+two builds.
 
 Differences from llm.zoo: the models are fine-tuned copies of a `stacklib.llm` zoo model
 (which is itself cached), and each comes with an `info` dict of how it was made and how
@@ -22,12 +25,11 @@ well it does on the recipe's held-out problems.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import pathlib
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -35,28 +37,18 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.align import recipes, tasks
-from stacklib.llm.zoo import CACHE_ENV, load_or_build
+from stacklib.llm import zoo as llm_zoo
 
 
 def cache_dir() -> pathlib.Path:
     """`$STACKLIB_CACHE/align`, default `~/.cache/stacklib/align`."""
-    base = os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "stacklib"
+    base = os.environ.get(llm_zoo.CACHE_ENV) or pathlib.Path.home() / ".cache" / "stacklib"
     return pathlib.Path(base) / "align"
 
 
-def _key(name: str, recipe: recipes.Recipe) -> str:
-    digest = hashlib.sha1(json.dumps(recipe.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+def _key(name: str, request: dict[str, Any]) -> str:
+    digest = hashlib.sha1(json.dumps(request, sort_keys=True).encode()).hexdigest()[:10]
     return f"{name}-{digest}"
-
-
-def _save(directory: pathlib.Path, model, info: dict[str, Any]) -> None:
-    staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
-    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    manager = ocp.CheckpointManager(staging, options=options)
-    manager.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(nnx.state(model, nnx.Param)),
-                                            info=ocp.args.JsonSave(info)))
-    manager.close()
-    os.replace(staging, directory)  # directory does not exist here: the rename is atomic
 
 
 def _load(directory: pathlib.Path, recipe: recipes.Recipe):
@@ -68,23 +60,62 @@ def _load(directory: pathlib.Path, recipe: recipes.Recipe):
     if step is None:
         raise FileNotFoundError(f"{directory} holds no committed model")
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract),
-                                                              info=ocp.args.JsonRestore()))
+                                                              info=ocp.args.JsonRestore(),
+                                                              timing=ocp.args.JsonRestore()))
     if restored.info.get("recipe") != recipe.to_dict():
         raise ValueError("the cached model was made with another recipe")
-    return nnx.merge(graphdef, restored.params), tokenizer, dict(restored.info)
+    return nnx.merge(graphdef, restored.params), tokenizer, {**restored.info, **restored.timing}
 
 
-def cached(name: str, recipe: recipes.Recipe, build: Callable[[], tuple[Any, Any, dict[str, Any]]]):
-    """`build()` -> (model, tokenizer, info) once per machine per recipe; loaded after that."""
+def _cached(name: str, recipe: recipes.Recipe):
+    # The request names the base model by its full config, so that the build process can
+    # train it too (a name registered only in this process's memory would mean nothing there).
+    request = {"name": name, "recipe": recipe.to_dict(),
+               "base_config": llm_zoo.zoo_config(recipe.base_model).to_dict()}
+    return llm_zoo.load_or_build(cache_dir() / _key(name, request), functools.partial(_load, recipe=recipe),
+                                 "stacklib.align.zoo:build", request)
 
-    def build_and_save(directory: pathlib.Path):
-        model, tokenizer, info = build()
-        info = {**info, "recipe": recipe.to_dict()}
-        _save(directory, model, info)
-        return model, tokenizer, info
 
-    return load_or_build(cache_dir() / _key(name, recipe), lambda directory: _load(directory, recipe),
-                         build_and_save)
+def build(directory: str, name: str, recipe: dict[str, Any], base_config: dict[str, Any]) -> None:
+    """Train the recipe's model `name` ("sft-start" or "grpo") and write it into `directory`.
+
+    Run by stacklib/llm/zoo_build.py in the fixed build process; call `sft_start` or `grpo`.
+    """
+    recipe = recipes.Recipe(**recipe)
+    llm_zoo.register(recipe.base_model, **base_config)  # as the caller knew it
+    model, info = _BUILDERS[name](recipe)
+    timing = {"seconds": info.pop("seconds")}
+    llm_zoo.write_atomically(pathlib.Path(directory), 0, {
+        "params": ocp.args.StandardSave(nnx.state(model, nnx.Param)),
+        "info": ocp.args.JsonSave({**info, "recipe": recipe.to_dict()}),
+        "timing": ocp.args.JsonSave(timing)})
+
+
+def _build_sft_start(recipe: recipes.Recipe):
+    result = recipes.sft_start(recipe)
+    tokenizer = recipes.base_model(recipe)[1]
+    heldout = tasks.heldout_accuracy(result.model, tokenizer, recipes.problems(recipe).heldout)
+    return result.model, {
+        "method": "sft", "steps": result.steps, "validation_accuracy": result.validation_accuracy,
+        "heldout_accuracy": heldout, "seconds": result.seconds,
+        "trainable_params": result.trainer.trainable_params}
+
+
+def _build_grpo(recipe: recipes.Recipe):
+    model, tokenizer, start = sft_start(recipe=recipe)
+    result = recipes.grpo(model, recipe, tokenizer, eval_every_n_steps=25)
+    logger = result.learner.rl_cluster.metrics_logger
+    heldout = tasks.heldout_accuracy(model, tokenizer, recipes.problems(recipe).heldout)
+    return model, {
+        "method": "grpo", "steps": result.learner.rl_cluster.global_steps, "heldout_accuracy": heldout,
+        "start_heldout_accuracy": start["heldout_accuracy"], "seconds": result.seconds,
+        "trainable_params": result.learner.rl_cluster.actor_trainer.trainable_params,
+        "reward": logger.get_metric_history("", "rewards/mean", "train").tolist(),
+        "eval_accuracy": logger.get_metric_history("", "rewards/exact_match_reward", "eval").tolist(),
+        "eval_steps": logger.get_metric_steps("", "rewards/exact_match_reward", "eval").tolist()}
+
+
+_BUILDERS = {"sft-start": _build_sft_start, "grpo": _build_grpo}
 
 
 def sft_start(seed: int = 0, recipe: recipes.Recipe | None = None):
@@ -92,18 +123,7 @@ def sft_start(seed: int = 0, recipe: recipes.Recipe | None = None):
 
     info: steps, validation_accuracy, heldout_accuracy, seconds (training only), trainable_params.
     """
-    recipe = recipe or recipes.Recipe(seed=seed)
-
-    def build():
-        result = recipes.sft_start(recipe)
-        tokenizer = recipes.base_model(recipe)[1]
-        heldout = tasks.heldout_accuracy(result.model, tokenizer, recipes.problems(recipe).heldout)
-        return result.model, tokenizer, {
-            "method": "sft", "steps": result.steps, "validation_accuracy": result.validation_accuracy,
-            "heldout_accuracy": heldout, "seconds": result.seconds,
-            "trainable_params": result.trainer.trainable_params}
-
-    return cached("sft-start", recipe, build)
+    return _cached("sft-start", recipe or recipes.Recipe(seed=seed))
 
 
 def grpo(seed: int = 0, recipe: recipes.Recipe | None = None):
@@ -113,22 +133,7 @@ def grpo(seed: int = 0, recipe: recipes.Recipe | None = None):
     and the per-step histories 'reward' (train, mean of the batch) and 'eval_accuracy'
     (held out, every 25 steps, with 'eval_steps').
     """
-    recipe = recipe or recipes.Recipe(seed=seed)
-
-    def build():
-        model, tokenizer, start = sft_start(recipe=recipe)
-        result = recipes.grpo(model, recipe, tokenizer, eval_every_n_steps=25)
-        logger = result.learner.rl_cluster.metrics_logger
-        heldout = tasks.heldout_accuracy(model, tokenizer, recipes.problems(recipe).heldout)
-        return model, tokenizer, {
-            "method": "grpo", "steps": result.learner.rl_cluster.global_steps, "heldout_accuracy": heldout,
-            "start_heldout_accuracy": start["heldout_accuracy"], "seconds": result.seconds,
-            "trainable_params": result.learner.rl_cluster.actor_trainer.trainable_params,
-            "reward": logger.get_metric_history("", "rewards/mean", "train").tolist(),
-            "eval_accuracy": logger.get_metric_history("", "rewards/exact_match_reward", "eval").tolist(),
-            "eval_steps": logger.get_metric_steps("", "rewards/exact_match_reward", "eval").tolist()}
-
-    return cached("grpo", recipe, build)
+    return _cached("grpo", recipe or recipes.Recipe(seed=seed))
 
 
-__all__ = ["cache_dir", "cached", "grpo", "sft_start"]
+__all__ = ["build", "cache_dir", "grpo", "sft_start"]

@@ -8,7 +8,13 @@ parameters; later calls, in any process, load them in a second:
     model, tokenizer = stacklib.llm.pretrained("stdlib-bytes")
 
 The cache is `$STACKLIB_CACHE/llm/<name>/` (default `~/.cache/stacklib/llm/<name>/`).
-Two things can go wrong with a cache, and both are handled:
+Three things can go wrong with a cache, and all are handled:
+
+* **The files depend on who built them.** XLA's CPU code rounds differently under 8
+  simulated devices than under 1, and on one core than on two, so a model trained in
+  whichever process asks first would differ from machine to machine. Training always
+  runs in a fresh process with one CPU device and one core (zoo_build.py), and every
+  caller, the first included, loads the files it wrote.
 
 * **Two processes ask at once** (the test suite runs notebooks in parallel). An
   exclusive lock on `<name>.lock` (`fcntl.flock`, released by the kernel if the process
@@ -24,7 +30,7 @@ Mirrors the shape of `transformers.AutoModel.from_pretrained` (a name in, a mode
 a local cache keyed by name, an environment variable to move it) with training in place
 of downloading. Differences: no hub, no revisions; the "weights" are a function of this
 library's code and this Python's standard library, so a cache is only valid on the
-machine that made it (copy it elsewhere at your own risk).
+CPU instruction set that made it (copy it elsewhere at your own risk).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import fcntl
 import os
 import pathlib
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -43,7 +50,7 @@ import jax
 
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
-from stacklib.llm import train
+from stacklib.llm import train, zoo_build
 from stacklib.llm.config import Config, load_config
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
@@ -95,13 +102,16 @@ def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
 
 
 def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
-                  build: Callable[[pathlib.Path], T]) -> T:
-    """The cache protocol every zoo shares: `load(directory)`, or `build(directory)` once.
+                  build: str, request: dict[str, Any]) -> T:
+    """The cache protocol every zoo shares: `load(directory)`, building it once first if needed.
 
     Under an exclusive lock on `<directory>.lock`: delete the partial writes a killed process
     left behind, then load `directory` if it exists; if it cannot be loaded for any reason,
-    delete it with a warning that says why and build again. `build` must write `directory`
-    atomically (into a temporary name, renamed into place when complete).
+    delete it with a warning that says why. If there is nothing to load, run `build`
+    ("module:function", called as `function(directory=..., **request)`) in the fixed build
+    process of zoo_build.py, then load what it wrote: the first caller gets the same model,
+    from the same files, as every later one. `build` must write `directory` atomically (into
+    a temporary name, renamed into place when complete).
     """
     root, key = directory.parent, directory.name
     with _exclusive(root / f"{key}.lock"):
@@ -114,7 +124,26 @@ def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
                 warnings.warn(f"The cached model {key!r} in {directory} cannot be loaded "
                               f"({type(error).__name__}: {error}); training it again.", stacklevel=3)
                 shutil.rmtree(directory)
-        return build(directory)
+        if not zoo_build.in_builder():
+            print(f"Training {key!r} once for this machine (in a fresh process: 1 CPU device, 1 core); "
+                  f"it will be cached in {directory}.", file=sys.stderr, flush=True)
+        zoo_build.run(build, {"directory": str(directory), **request})
+        return load(directory)
+
+
+def write_atomically(directory: pathlib.Path, step: int, items: dict[str, Any]) -> None:
+    """Save `items` (name -> `ocp.args` save argument) as checkpoint `step` of a new `directory`.
+
+    Written into a temporary sibling and renamed into place when complete, so a reader
+    sees the whole model or none of it. The step's build configuration is saved with it.
+    """
+    staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
+    manager = ocp.CheckpointManager(staging, options=ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=False))
+    manager.save(step, args=ocp.args.Composite(
+        **items, built_with=ocp.args.JsonSave(zoo_build.build_configuration())))
+    manager.close()
+    os.replace(staging, directory)  # directory does not exist here: the rename is atomic
 
 
 def _abstract_params(config: Config) -> tuple[nnx.GraphDef, Any]:
@@ -136,19 +165,17 @@ def _load(directory: pathlib.Path, config: Config) -> Transformer:
     return nnx.merge(graphdef, restored.params)
 
 
-def _build(directory: pathlib.Path, config: Config) -> Transformer:
-    """Train, write into a temporary directory, then rename it into place (atomic commit)."""
+def build(directory: str, config: dict[str, Any]) -> None:
+    """Train the model of `config` (a full `Config` dict) and write it into `directory`.
+
+    Run by zoo_build.py in the fixed build process; call `pretrained` instead.
+    """
+    config = load_config(None, **config)
     result = train.train(config)
-    staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
-    manager = ocp.CheckpointManager(staging, options=ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=False))
-    manager.save(config.steps, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(result.params),
-        config=ocp.args.JsonSave(config.to_dict()),
-        metrics=ocp.args.JsonSave({"eval_loss": result.eval_loss, "losses": result.losses})))
-    manager.close()
-    os.replace(staging, directory)  # directory does not exist here: the rename is atomic
-    return result.model
+    write_atomically(pathlib.Path(directory), config.steps, {
+        "params": ocp.args.StandardSave(result.params),
+        "config": ocp.args.JsonSave(config.to_dict()),
+        "metrics": ocp.args.JsonSave({"eval_loss": result.eval_loss, "losses": result.losses})})
 
 
 def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
@@ -161,5 +188,5 @@ def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
     """
     config = zoo_config(name)
     model = load_or_build(cache_dir() / name, lambda directory: _load(directory, config),
-                          lambda directory: _build(directory, config))
+                          "stacklib.llm.zoo:build", {"config": config.to_dict()})
     return model, ByteTokenizer()
