@@ -1,12 +1,14 @@
 """Each benchmark still runs (at a tiny scale); the timings themselves are not asserted."""
 
 import importlib
+import json
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 
+from benchmarks import demo_margins
 from benchmarks.__main__ import available
 
 
@@ -23,3 +25,20 @@ def test_a_benchmark_runs_at_a_tiny_scale(name):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "speed" in result.stdout
     importlib.import_module(f"benchmarks.bench_{name}")
+
+
+def test_demo_margins_measures_each_comparison_assert_instead_of_raising():
+    source = "a, b = 0.5, 0.2\nassert a >= b + 0.2\nassert a < b and a == 0.5\nx = [1]\nassert x\n"
+    script = demo_margins.instrument(source)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    results = json.loads(out.splitlines()[-1].removeprefix("MARGINS "))
+    assert [(r["line"], r["text"], r["held"]) for r in results] == [
+        (2, "a >= b + 0.2", True), (3, "a < b", False), (3, "a == 0.5", True), (5, "x", True)]
+    slacks = [None if r["slack"] is None else round(r["slack"], 9) for r in results]
+    assert slacks == [0.1, -0.3, None, None]  # positive holds, negative fails, in the assert's own units
+
+
+def test_demo_margins_varies_the_seeds_but_not_the_problem_split():
+    source = demo_margins.chapter_source("13", seed=2)
+    assert "make_problems(seed=0)" in source  # the split the prose describes
+    assert "sft_start(seed=2)" in source and "sft_start(seed=0)" not in source
