@@ -209,11 +209,17 @@ def test_a_real_interrupt_stops_the_check_even_if_the_learner_swallows_it():
             pass
         return x * x
 
-    handler = signal.getsignal(signal.SIGINT)
-    for answer in (presses_stop, presses_stop_and_swallows_it):
-        with pytest.raises(KeyboardInterrupt):
-            grade("98.square", answer)
-        assert signal.getsignal(signal.SIGINT) is handler
+    # A kernel runs a cell under Python's default SIGINT handler. A test runner started in the
+    # background by a shell (`make test &`, a CI job) inherits SIGINT ignored instead, and there the
+    # stop button could never reach the check: set the kernel's handler, whoever started us.
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for answer in (presses_stop, presses_stop_and_swallows_it):
+            with pytest.raises(KeyboardInterrupt):
+                grade("98.square", answer)
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outside)
 
 
 def _squares_two(fn):
