@@ -77,7 +77,9 @@ def _call(function: str, request: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
     os.environ[BUILDER_ENV] = "1"  # nested builds run here too
     if hasattr(os, "sched_setaffinity"):  # one core: XLA sizes its thread pool by the cores it may use
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:BUILD_CORES])
+        cores = sorted(os.sched_getaffinity(0))
+        first = os.getpid() % len(cores)  # which core does not matter, only how many: spread builders out
+        os.sched_setaffinity(0, (cores * 2)[first:first + BUILD_CORES])
     import jax
 
     jax.config.update("jax_platforms", "cpu")
