@@ -25,11 +25,9 @@ install: $(STAMP)  ## create .venv with the pinned stack and stacklib (editable)
 book: $(STAMP)  ## execute the chapters (cached) and build the HTML book into _build/html
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 
-# The chapters come first: xdist hands out whole files in collection order, and the long
-# notebooks started last would leave one worker idle while the other finishes them.
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
-		$(PYTEST_NOTEBOOK_FLAGS) $(NOTEBOOKS) tests
+		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" tests
