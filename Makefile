@@ -17,7 +17,7 @@ PYTEST_NOTEBOOK_FLAGS := --nbval-lax --nbval-current-env \
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,test]"
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[book,test]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with the pinned stack and stacklib (editable)
@@ -25,8 +25,12 @@ install: $(STAMP)  ## create .venv with the pinned stack and stacklib (editable)
 book: $(STAMP)  ## execute the chapters (cached) and build the HTML book into _build/html
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 
+# Two workers, a file each at a time (a notebook's cells share one kernel). `make test
+# PYTEST_XDIST="-p no:xdist"` runs everything in one process, in another order.
+PYTEST_XDIST ?= -n 2 --dist loadfile
+
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest $(PYTEST_XDIST) --durations=25 \
 		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book

@@ -1,9 +1,7 @@
 """Shared paths and helpers for the test suite."""
 
 import json
-import os
 import pathlib
-import signal
 import subprocess
 import sys
 
@@ -18,30 +16,6 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = ("chapters", "solutions", "exercises")
-
-
-# The chapters start from models that are trained once per machine (stacklib.llm.zoo and
-# stacklib.align.zoo) in a one-core build process. Left to the first notebook that asks, both
-# test workers can end up waiting for it with one core idle; started here, at the start of the
-# session, it runs beside the tests from the first second. The files are the same whoever
-# builds them, so this changes when the models are built, never what they are.
-WARM_UP = "from stacklib.align import zoo; zoo.grpo(seed=0)"
-_warm_up = pytest.StashKey[subprocess.Popen]()
-
-
-def pytest_sessionstart(session):
-    runs_chapters = any(pathlib.Path(arg).resolve().name == "chapters" for arg in session.config.args)
-    if runs_chapters and "PYTEST_XDIST_WORKER" not in os.environ:  # once, in the controlling process
-        session.config.stash[_warm_up] = subprocess.Popen(
-            [sys.executable, "-c", WARM_UP], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)  # its own process group: the build process goes with it
-
-
-def pytest_sessionfinish(session):
-    warm_up = session.config.stash.get(_warm_up, None)
-    if warm_up is not None and warm_up.poll() is None:  # a run that needed no model: stop building it
-        os.killpg(warm_up.pid, signal.SIGKILL)
-        warm_up.wait()
 
 
 def notebooks(folder: str) -> list[pathlib.Path]:
