@@ -28,14 +28,16 @@ def test_a_benchmark_runs_at_a_tiny_scale(name):
 
 
 def test_demo_margins_measures_each_comparison_assert_instead_of_raising():
-    source = "a, b = 0.5, 0.2\nassert a >= b + 0.2\nassert a < b and a == 0.5\nx = [1]\nassert x\n"
+    source = ("a, b = 0.5, 0.2\nassert a >= b + 0.2\nassert a < b and a == 0.5\nx = [1]\nassert x\n"
+              "import numpy as np\nassert np.array([1.0, 2.0]) > 0.5\n")
     script = demo_margins.instrument(source)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     results = json.loads(out.splitlines()[-1].removeprefix("MARGINS "))
     assert [(r["line"], r["text"], r["held"]) for r in results] == [
-        (2, "a >= b + 0.2", True), (3, "a < b", False), (3, "a == 0.5", True), (5, "x", True)]
+        (2, "a >= b + 0.2", True), (3, "a < b", False), (3, "a == 0.5", True), (5, "x", True),
+        (7, "np.array([1.0, 2.0]) > 0.5", True)]
     slacks = [None if r["slack"] is None else round(r["slack"], 9) for r in results]
-    assert slacks == [0.1, -0.3, None, None]  # positive holds, negative fails, in the assert's own units
+    assert slacks == [0.1, -0.3, None, None, 0.5]  # positive holds, negative fails, in the assert's units
 
 
 def test_demo_margins_varies_the_seeds_but_not_the_problem_split():
