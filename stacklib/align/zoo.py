@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import pathlib
 from typing import Any
 
@@ -41,9 +40,8 @@ from stacklib.llm import zoo as llm_zoo
 
 
 def cache_dir() -> pathlib.Path:
-    """`$STACKLIB_CACHE/align`, default `~/.cache/stacklib/align`."""
-    base = os.environ.get(llm_zoo.CACHE_ENV) or pathlib.Path.home() / ".cache" / "stacklib"
-    return pathlib.Path(base) / "align"
+    """`$STACKLIB_CACHE/align`, default `~/.cache/stacklib/align`: beside the llm zoo's folder."""
+    return llm_zoo.cache_dir().parent / "align"
 
 
 def _key(name: str, request: dict[str, Any]) -> str:

@@ -42,8 +42,11 @@ def in_builder() -> bool:
 
 
 def build_configuration() -> dict[str, Any]:
-    """What the build process fixed, stored with every cached model."""
-    return {"cpu_devices": BUILD_DEVICES, "cpu_cores": BUILD_CORES, "platform": "cpu"}
+    """What the build process ran with, as it finds it (stored with every cached model)."""
+    import jax
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu_devices": jax.device_count(), "cpu_cores": cores, "platform": jax.default_backend()}
 
 
 def _fixed_environment() -> dict[str, str]:
