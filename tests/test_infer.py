@@ -5,12 +5,14 @@ cache, batch 1). Every engine variant must produce the same greedy tokens, token
 token: batch 1 and batch N, prefix caching on and off, with preemption.
 """
 
+import re
+
 import numpy as np
 import pytest
 
 from stacklib import llm
 from stacklib.compile.recompile import CompileWatcher
-from stacklib.infer import LLM, SamplingParams
+from stacklib.infer import LLM, LLMEngine, SamplingParams
 from stacklib.infer.block_pool import NULL_BLOCK, BlockPool, KVCacheManager, hash_block_tokens
 from stacklib.infer.sampling_params import filter_probs
 
@@ -159,6 +161,17 @@ def test_prompts_beyond_the_context_are_rejected_with_the_limit(engine):
         engine.generate("x" * 100, SamplingParams(max_tokens=40))
     with pytest.raises(ValueError, match="Shorten the prompt"):
         engine.generate("x" * 128, SamplingParams(max_tokens=1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block_size=0), "block_size=0 must be a positive integer"),
+    (dict(max_num_seqs=-1), "max_num_seqs=-1 must be a positive integer"),
+    (dict(max_model_len=1.5), "max_model_len=1.5 must be a positive integer"),
+    (dict(max_model_len=129), "exceeds the model's max_seq_len=128"),
+])
+def test_engine_settings_that_cannot_work_are_refused_by_name(model, kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LLMEngine(model, **kwargs)
 
 
 def test_top_k_top_p_and_min_p_keep_the_right_tokens():

@@ -97,6 +97,24 @@ def test_streamed_completion_joins_to_the_same_text_and_ends_with_done(server, c
     assert raw.rstrip().endswith("data: [DONE]") and raw.count("data: ") >= 2
 
 
+def test_a_batch_of_prompts_gets_one_choice_per_prompt_and_completion_streamed_or_not(server, client):
+    prompts, n = ["def ", "import os\n", "class "], 2
+    expected = [_greedy_text(server, prompt, 8).text for prompt in prompts]
+    response = client.completions.create(model=NAME, prompt=prompts, max_tokens=8, temperature=0, n=n)
+    assert [c.index for c in response.choices] == list(range(len(prompts) * n))
+    assert [c.text for c in response.choices] == [text for text in expected for _ in range(n)]
+    assert response.usage.prompt_tokens == sum(len(prompt) for prompt in prompts)
+    as_token_ids = [list(prompt.encode()) for prompt in prompts]
+    response = client.completions.create(model=NAME, prompt=as_token_ids, max_tokens=8, temperature=0)
+    assert [c.text for c in response.choices] == expected
+    streamed = [""] * len(prompts)
+    for chunk in client.completions.create(model=NAME, prompt=prompts, max_tokens=8, temperature=0,
+                                           stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == expected
+
+
 def test_chat_completions_stream_and_not_use_the_chat_template(server, client):
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f("}]
     prompt = "<|system|>\nYou write Python.\n<|user|>\ndef f(\n<|assistant|>\n"
@@ -142,6 +160,10 @@ def _post(server, body: bytes):
      "maximum context length is 128 tokens"),
     (json.dumps({"model": NAME, "prompt": "x" * 200, "max_tokens": 1}).encode(), 400, "prompt", "Shorten"),
     (json.dumps({"model": "gpt-4", "prompt": "x"}).encode(), 404, "model", "does not exist"),
+    (json.dumps({"model": NAME, "prompt": ["x", 1]}).encode(), 400, "prompt", "a list of strings"),
+    (json.dumps({"model": NAME, "prompt": [[1, 2], []]}).encode(), 400, "prompt", "empty"),
+    (json.dumps({"model": NAME, "prompt": ["ok", "x" * 200], "max_tokens": 1}).encode(), 400, "prompt",
+     "Shorten"),
 ])
 def test_bad_requests_get_vllm_error_bodies_and_the_server_keeps_serving(server, client, body, status, param,
                                                                         message):

@@ -1,7 +1,7 @@
 """`python -m stacklib.capstone [--workdir DIR] [--figure dashboard.png]`: stages 1-6, checked.
 
-Prints one JSON summary and writes the dashboard figure. Exits non-zero if any claim
-fails (`CapstoneReport.check`).
+Prints one JSON summary and writes the dashboard figure. Exits with status 1 if a claim
+fails (`CapstoneReport.check`), 2 on a usage mistake (checked before the run starts).
 """
 
 from __future__ import annotations
@@ -9,13 +9,32 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pathlib
+import sys
+
+FIGURE_FORMATS = (".png", ".pdf", ".svg", ".jpg")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default=None, help="where checkpoints, traces and the artifact go")
-    parser.add_argument("--figure", default="capstone_dashboard.png", help="where the dashboard is saved")
+def main(argv: list[str] | None = None) -> int:
+    """Run the capstone; exit 0 when every claim holds, 1 when one fails, 2 on a usage mistake."""
+    parser = argparse.ArgumentParser(prog="python -m stacklib.capstone", description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=None, type=pathlib.Path,
+                        help="a new or empty folder for checkpoints, traces and the artifact (default: a "
+                             "temporary folder)")
+    parser.add_argument("--figure", default="capstone_dashboard.png", type=pathlib.Path,
+                        help=f"where the dashboard is saved, as {'/'.join(FIGURE_FORMATS)} "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
+    # Checked before the two-minute run, not after it.
+    if args.figure.suffix.lower() not in FIGURE_FORMATS:
+        parser.error(f"--figure {str(args.figure)!r}: give a file name ending in one of "
+                     f"{', '.join(FIGURE_FORMATS)}.")
+    if not args.figure.parent.resolve().is_dir():
+        parser.error(f"--figure {str(args.figure)!r}: the folder {str(args.figure.parent)!r} does not exist.")
+    if args.workdir is not None and args.workdir.exists() and (
+            not args.workdir.is_dir() or any(args.workdir.iterdir())):
+        parser.error(f"--workdir {str(args.workdir)!r} is not an empty folder: a previous run's checkpoints "
+                     "would be resumed instead of trained. Give a new or empty folder.")
 
     from stacklib import hw
 
@@ -27,7 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     from stacklib.capstone import dashboard, run
 
     report = run.run_all(args.workdir)
-    report.check()
+    try:
+        report.check()
+    except AssertionError as failed:
+        print(f"python -m stacklib.capstone: a claim failed: {failed}", file=sys.stderr)
+        return 1
     dashboard.plot(report).savefig(args.figure, dpi=120)
     bits = 1 / math.log(2)
     summary = {
@@ -49,10 +72,11 @@ def main(argv: list[str] | None = None) -> None:
                       "served_tokens_per_s": report.serving.tokens_per_second,
                       "artifact_bitwise_in_fresh_process": report.export.bitwise,
                       "artifact_generation_equal": report.export.generated_equal},
-        "figure": args.figure,
+        "figure": str(args.figure),
     }
     print(json.dumps(summary, indent=1, default=float), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

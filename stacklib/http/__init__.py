@@ -153,9 +153,7 @@ class Server:
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))
+        self.socket = listen_socket(host, port)
         self.host, self.port = self.socket.getsockname()
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_keep_alive=30, backlog=256)
@@ -188,6 +186,26 @@ class Server:
         self.stop()
 
 
-def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run `app` in the foreground until interrupted (the command-line servers use this)."""
-    uvicorn.run(app, host=host, port=port, log_level="info")
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port, for a server to listen on.
+
+    The command-line servers bind before they load their model, so a port already in use
+    fails at once, with the fix, not after a minute of loading.
+
+    Raises:
+      OSError: the address cannot be bound (in use, not this machine's, or privileged).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}. Choose another --port (0 lets "
+                      "the system pick a free one) or --host.") from None
+    return sock
+
+
+def serve(app: FastAPI, sock: socket.socket) -> None:
+    """Run `app` on a bound socket in the foreground until interrupted (the command-line servers)."""
+    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])

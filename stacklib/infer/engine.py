@@ -65,6 +65,11 @@ class LLMEngine:
                  max_num_batched_tokens: int | None = None, block_size: int = 16,
                  num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0):
+        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
+                            ("num_gpu_blocks_override", num_gpu_blocks_override)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be a positive integer.")
         limit = model.config.max_seq_len
         self.max_model_len = max_model_len or limit
         if self.max_model_len > limit:

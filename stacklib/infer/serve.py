@@ -3,6 +3,7 @@
     python -m stacklib.infer.serve --model stdlib-bytes --port 8000
 
     POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "stream", ...}
+                                (prompt: a string, token ids, or a batch of either, as OpenAI's)
     POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], ...}
     GET  /v1/models             the one model served
     GET  /health                200 while the engine loop runs
@@ -31,6 +32,8 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -43,6 +46,7 @@ from stacklib import http
 from stacklib.infer.engine import LLM, LLMEngine
 from stacklib.infer.outputs import RequestOutput
 from stacklib.infer.sampling_params import SamplingParams
+from stacklib.llm import zoo
 
 
 class _Sampling(pydantic.BaseModel):
@@ -71,9 +75,20 @@ class _Sampling(pydantic.BaseModel):
                               min_tokens=self.min_tokens, ignore_eos=self.ignore_eos)
 
 
+PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+
+
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]  # what OpenAI's API accepts
     logprobs: int | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request: one, or a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
+        if isinstance(self.prompt, str) or all(isinstance(token, int) for token in self.prompt):
+            return [self.prompt]
+        if not self.prompt:
+            raise ValueError("The prompt is empty; give at least one token.")
+        return list(self.prompt)
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         params = super().sampling_params(max_tokens)
@@ -210,6 +225,9 @@ def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
             body = model.model_validate(payload)
         except pydantic.ValidationError as error:
             first = error.errors()[0]
+            if first["loc"][:1] == ("prompt",):  # pydantic would name a member of the union
+                raise http.HTTPError(400, f"invalid request: prompt must be {PROMPT_FORMS}.",
+                                     param="prompt") from None
             param = ".".join(str(part) for part in first["loc"]) or None
             raise http.HTTPError(400, f"invalid request: {param}: {first['msg']}", param=param) from None
         if body.model != name:
@@ -260,27 +278,76 @@ def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
             final = output
         return final
 
+    async def start_all(prompts, body: CompletionRequest) -> list[AsyncIterator[RequestOutput]]:
+        """Every prompt's stream, or none: a bad prompt aborts the ones already started."""
+        streams = []
+        try:
+            for prompt in prompts:
+                streams.append(await start(prompt, body, body.max_tokens))
+        except http.HTTPError:
+            for stream in streams:
+                await stream.aclose()
+            raise
+        return streams
+
+    async def merged(streams: list[AsyncIterator[RequestOutput]], n: int):
+        """(prompt index, output, changes) from all streams as they come; cancelling aborts them all."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index, stream):
+            try:
+                async for output, changes in deltas(stream, n):
+                    await queue.put((index, output, changes))
+                await queue.put((index, None, None))
+            except Exception as error:  # noqa: BLE001 - the engine failed: the response must end
+                await queue.put((index, error, None))
+
+        tasks = [asyncio.create_task(pump(index, stream)) for index, stream in enumerate(streams)]
+        try:
+            running = len(tasks)
+            while running:
+                index, output, changes = await queue.get()
+                if isinstance(output, Exception):
+                    raise output
+                if output is None:
+                    running -= 1
+                else:
+                    yield index, output, changes
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def total_usage(outputs: list[RequestOutput]) -> dict[str, int]:
+        each = [usage(output) for output in outputs]
+        return {key: sum(u[key] for u in each) for key in each[0]}
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
-        outputs = await start(body.prompt, body, body.max_tokens)
+        try:
+            prompts = body.prompts()
+        except ValueError as error:
+            raise http.HTTPError(400, str(error), param="prompt") from None
+        streams = await start_all(prompts, body)
         base = {"id": _completion_id("cmpl"), "object": "text_completion", "created": int(time.time()),
                 "model": name}
+        # Choice i of prompt p has index p * n + i, as in vLLM.
         if not body.stream:
-            output = await last(outputs)
-            return {**base, "usage": usage(output), "choices": [
-                {"index": c.index, "text": c.text, "logprobs": completion_logprobs(c),
-                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]}
+            outputs = await asyncio.gather(*(last(stream) for stream in streams))
+            return {**base, "usage": total_usage(outputs), "choices": [
+                {"index": p * body.n + c.index, "text": c.text, "logprobs": completion_logprobs(c),
+                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                for p, output in enumerate(outputs) for c in output.outputs]}
 
         async def chunks():
-            final = None
-            async for output, changes in deltas(outputs, body.n):
-                final = output
+            finals = {}
+            async for p, output, changes in merged(streams, body.n):
+                finals[p] = output
                 for index, text, finish, stop in changes:
-                    yield {**base, "choices": [{"index": index, "text": text, "logprobs": None,
+                    yield {**base, "choices": [{"index": p * body.n + index, "text": text, "logprobs": None,
                                                 "finish_reason": finish, "stop_reason": stop}]}
             if (body.stream_options or {}).get("include_usage"):
-                yield {**base, "choices": [], "usage": usage(final)}
+                yield {**base, "choices": [], "usage": total_usage(list(finals.values()))}
         return http.event_stream(chunks())
 
     @app.post("/v1/chat/completions")
@@ -328,26 +395,44 @@ def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
     return app
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stacklib.infer.serve --model NAME ...`; a user mistake exits with status 2."""
     parser = argparse.ArgumentParser(prog="python -m stacklib.infer.serve",
-                                     description="An OpenAI-compatible server for a stacklib.llm model.")
-    parser.add_argument("--model", default="stdlib-bytes", help="a zoo name (stacklib.llm.pretrained)")
+                                     description="An OpenAI-compatible server for a stacklib.llm model, "
+                                                 "like `vllm serve`.")
+    parser.add_argument("--model", default="stdlib-bytes",
+                        help=f"a zoo name ({', '.join(sorted(zoo.ZOO))}) or a folder holding a model saved "
+                             "in the zoo's format (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the longest prompt + output (default: the model's max_seq_len)")
+    parser.add_argument("--max-num-seqs", type=int, default=16,
+                        help="the most sequences decoded in one step (default: %(default)s)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="token slots per KV-cache block (default: %(default)s)")
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                        help="the KV cache's size in blocks (default: max-num-seqs full sequences)")
+    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                        help="do not share full prompt blocks between requests")
+    parser.add_argument("--seed", type=int, default=0, help="seeds requests that give none (default: 0)")
     args = parser.parse_args(argv)
-    llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              block_size=args.block_size, num_gpu_blocks_override=args.num_gpu_blocks_override,
-              enable_prefix_caching=args.enable_prefix_caching, seed=args.seed)
-    print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1", flush=True)
-    http.serve(create_app(llm, args.served_model_name), host=args.host, port=args.port)
+    if args.model not in zoo.ZOO and not os.path.isdir(args.model):
+        parser.error(f"--model {args.model!r} is neither a zoo name ({', '.join(sorted(zoo.ZOO))}) nor a "
+                     "folder holding a saved model.")
+    try:
+        sock = http.listen_socket(args.host, args.port)  # before loading: a taken port fails at once
+        llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  block_size=args.block_size, num_gpu_blocks_override=args.num_gpu_blocks_override,
+                  enable_prefix_caching=args.enable_prefix_caching, seed=args.seed)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    host, port = sock.getsockname()
+    print(f"serving {args.served_model_name or args.model} on http://{host}:{port}/v1", flush=True)
+    http.serve(create_app(llm, args.served_model_name), sock)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

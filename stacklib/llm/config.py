@@ -246,7 +246,10 @@ def load_config(path: str | pathlib.Path | None = None, *overrides: str,
         wrong type, or settings that cannot work together.
     """
     path = pathlib.Path(path) if path is not None else BASE_CONFIG
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
     if not isinstance(values, Mapping):
         raise ConfigError(f"{path} must hold flat `key: value` lines, got a {type(values).__name__}.")
     _check_keys(values)

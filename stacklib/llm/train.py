@@ -37,6 +37,7 @@ accumulation, profiler hooks or TensorBoard (the JSON lines are plotted in chapt
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import functools
@@ -58,7 +59,7 @@ import stacklib.optim as optax
 from stacklib import compile as compile_tools
 from stacklib import parallel, profile
 from stacklib.llm import data, multihost
-from stacklib.llm.config import MODEL_KEYS, Config, ConfigError, load_config
+from stacklib.llm.config import BASE_CONFIG, MODEL_KEYS, Config, ConfigError, load_config
 from stacklib.llm.model import Transformer
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -461,16 +462,63 @@ def _progress(steps: range, config: Config):
     return tqdm(steps, desc="train", unit="step")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m stacklib.llm.train [config.yml] [key=value ...]`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+USAGE_EXAMPLE = "python -m stacklib.llm.train stacklib/llm/configs/base.yml steps=300 d_model=128"
+
+
+def _command_line_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m stacklib.llm.train",
+        usage="%(prog)s [CONFIG.yml] key=value [key=value ...]",
+        description="Train a decoder-only language model from one flat config, as MaxText's train.py "
+                    "does: a YAML file (default: the base config) and key=value overrides.",
+        epilog=f"example: {USAGE_EXAMPLE}\n\nkeys (see stacklib/llm/configs/base.yml): "
+               + ", ".join(f.name for f in dataclasses.fields(Config)),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def parse_command_line(argv: list[str]) -> Config:
+    """The config a command line asks for; a user mistake exits with status 2 and one message.
+
+    A run needs at least one argument (a config file or an override): with none, the
+    command prints its usage instead of silently starting a minutes-long default run.
+    """
+    parser = _command_line_parser()
+    parser.parse_known_args(argv)  # --help prints the usage and exits
+    items = list(argv)
+    options = [index for index, item in enumerate(items) if item.startswith("-")]
+    if options:
+        option = items[options[0]]
+        key, _, value = option.lstrip("-").replace("-", "_").partition("=")
+        following = items[options[0] + 1:options[0] + 2]
+        if not value and following and "=" not in following[0]:
+            option, value = f"{option} {following[0]}", following[0]
+        parser.error(f"settings are key=value, not options: write {key}={value or 'VALUE'} "
+                     f"instead of {option}.")
+    if not items:
+        parser.error(f"nothing to train: give a config file and/or key=value overrides, e.g. {USAGE_EXAMPLE}")
+    path = items.pop(0) if "=" not in items[0] else None
+    if path is not None and not pathlib.Path(path).is_file():
+        parser.error(f"config file {path!r} not found (and it is not a key=value override). The base config "
+                     f"is {BASE_CONFIG}.")
+    try:
+        return load_config(path, *items)
+    except ConfigError as error:
+        parser.error(str(error))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stacklib.llm.train [CONFIG.yml] key=value ...`; returns the exit status."""
+    config = parse_command_line(list(sys.argv[1:] if argv is None else argv))
     distributed = multihost.initialize()  # from the environment, before any JAX operation
-    path = argv.pop(0) if argv and "=" not in argv[0] else None
-    config = load_config(path, *argv)
-    result = train(config)
+    try:
+        result = train(config)
+    except (ConfigError, ArchitectureMismatchError) as error:  # the mesh or a checkpoint does not fit
+        print(f"{_command_line_parser().prog}: error: {error}", file=sys.stderr)
+        return 2
     if not multihost.is_primary():
         jax.distributed.shutdown()
-        return
+        return 0
     last = result.history[-1] if result.history else {}
     summary = {
         "steps": config.steps, "final_loss": last.get("loss"),
@@ -483,7 +531,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=1), flush=True)
     if distributed:
         jax.distributed.shutdown()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

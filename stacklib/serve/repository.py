@@ -126,6 +126,12 @@ class ModelRepository:
         if not self.root.is_dir():
             raise FileNotFoundError(f"the model directory {self.root} does not exist; create it and export "
                                     "models into <name>/<version>/ inside it.")
+        if max_batch_size < 1 or (max_batch_tokens is not None and max_batch_tokens < 1):
+            raise ValueError(f"max_batch_size={max_batch_size} and max_batch_tokens={max_batch_tokens} "
+                             "must be at least 1 (max_batch_tokens=None: no cap).")
+        if batch_timeout < 0 or poll_interval <= 0:
+            raise ValueError(f"batch_timeout={batch_timeout} must be >= 0 and poll_interval={poll_interval} "
+                             "> 0 (seconds).")
         self.max_batch_size, self.batch_timeout = max_batch_size, batch_timeout
         self.max_batch_tokens = max_batch_tokens
         self.poll_interval = poll_interval
