@@ -1,5 +1,6 @@
 """Chapter 14's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -55,6 +56,26 @@ def float_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):  #
     return 2.0 * n_layers * n_kv_heads * head_dim * num_tokens * bytes_per_value
 
 
+def values_not_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):  # counts values
+    return 2 * n_layers * n_kv_heads * head_dim * num_tokens
+
+
+def forgets_the_layers(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):
+    return 2 * n_kv_heads * head_dim * num_tokens * bytes_per_value
+
+
+def int32_product(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):  # jnp's int32 overflows
+    return int(jnp.prod(jnp.array([2, n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value])))
+
+
+def bits_not_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):
+    return 8 * kv_cache_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value)
+
+
+def rounded_up_to_kib(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):
+    return -(-kv_cache_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value) // 1024) * 1024
+
+
 def block_id_plus_offset(block_table, position, block_size):  # forgets to scale the block id
     return block_table[position // block_size] + position % block_size
 
@@ -67,6 +88,24 @@ def contiguous_slots(block_table, position, block_size):  # ignores the table: a
 
 def wraps_around(block_table, position, block_size):  # modulo the table: never raises
     return block_table[(position // block_size) % len(block_table)] * block_size + position % block_size
+
+
+def ignores_the_table(block_table, position, block_size):  # the position itself
+    return (position // block_size) * block_size + position % block_size
+
+
+def table_length_as_stride(block_table, position, block_size):
+    return block_table[position // block_size] * len(block_table) + position % block_size
+
+
+def value_error_past_the_end(block_table, position, block_size):
+    if position >= len(block_table) * block_size:
+        raise ValueError(position)
+    return slot_for(block_table, position, block_size)
+
+
+def minus_one_past_the_end(block_table, position, block_size):
+    return slot_for(block_table, position, block_size) if position < len(block_table) * block_size else -1
 
 
 def drops_the_crossing_token(probs, top_p):  # keeps only tokens whose cumulative mass stays below top_p
@@ -88,6 +127,47 @@ def sorts_in_place(probs, top_p):  # right numbers, but sorts the caller's array
     original = probs.copy()
     probs.sort()
     return top_p_filter(original, top_p)
+
+
+def ties_highest_id_first(probs, top_p):  # ascending sort reversed: ties come highest id first
+    order = np.argsort(probs, kind="stable")[::-1]
+    before = np.concatenate([[0.0], np.cumsum(probs[order])[:-1]])
+    keep = np.zeros(len(probs), bool)
+    keep[order[before < top_p]] = True
+    filtered = np.where(keep, probs, 0.0)
+    return filtered / filtered.sum()
+
+
+def keeps_every_tie_at_the_cutoff(probs, top_p):  # a threshold on the probability value
+    ranked = np.sort(probs)[::-1]
+    before = np.concatenate([[0.0], np.cumsum(ranked)[:-1]])
+    cutoff = ranked[before < top_p][-1]
+    filtered = np.where(probs >= cutoff, probs, 0.0)
+    return filtered / filtered.sum()
+
+
+def at_most_top_p_before(probs, top_p):  # <= where the text says below: one token too many at an exact sum
+    order = np.argsort(-probs, kind="stable")
+    before = np.concatenate([[0.0], np.cumsum(probs[order])[:-1]])
+    keep = np.zeros(len(probs), bool)
+    keep[order[before <= top_p]] = True
+    filtered = np.where(keep, probs, 0.0)
+    return filtered / filtered.sum()
+
+
+def in_float32(probs, top_p):  # right tokens, computed with jax.numpy
+    p = jnp.asarray(probs)
+    order = jnp.argsort(-p, stable=True)
+    before = jnp.concatenate([jnp.zeros(1), jnp.cumsum(p[order])[:-1]])
+    filtered = jnp.where(jnp.zeros(len(probs), bool).at[order].set(before < top_p), p, 0.0)
+    return filtered / filtered.sum()
+
+
+def left_in_sorted_order(probs, top_p):  # filtered while sorted, never put back in token order
+    ranked = np.sort(probs)[::-1]
+    before = np.concatenate([[0.0], np.cumsum(ranked)[:-1]])
+    filtered = np.where(before < top_p, ranked, 0.0)
+    return filtered / filtered.sum()
 
 
 def skips_ahead(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
@@ -115,19 +195,89 @@ def ignores_running(waiting, num_running, max_num_seqs, token_budget, free_block
     return num_admitted(waiting, 0, max_num_seqs, token_budget, free_blocks, block_size)
 
 
+def one_seat_short(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = 0
+    for tokens in waiting:  # counts this request as running already
+        blocks = -(-tokens // block_size)
+        if num_running + admitted + 1 >= max_num_seqs or tokens > token_budget or blocks > free_blocks:
+            break
+        admitted, token_budget, free_blocks = admitted + 1, token_budget - tokens, free_blocks - blocks
+    return admitted
+
+
+def one_seat_too_many(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    return num_admitted(waiting, num_running - 1, max_num_seqs, token_budget, free_blocks, block_size)
+
+
+def budget_not_spent(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = 0
+    for tokens in waiting:  # every prompt is measured against the whole budget
+        blocks = -(-tokens // block_size)
+        if num_running + admitted >= max_num_seqs or tokens > token_budget or blocks > free_blocks:
+            break
+        admitted, free_blocks = admitted + 1, free_blocks - blocks
+    return admitted
+
+
+def blocks_not_spent(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = 0
+    for tokens in waiting:  # every prompt is measured against all the free blocks
+        blocks = -(-tokens // block_size)
+        if num_running + admitted >= max_num_seqs or tokens > token_budget or blocks > free_blocks:
+            break
+        admitted, token_budget = admitted + 1, token_budget - tokens
+    return admitted
+
+
+def exact_fit_refused(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = 0
+    for tokens in waiting:  # >= where the text says fits: a prompt that uses up the rest is refused
+        blocks = -(-tokens // block_size)
+        if num_running + admitted >= max_num_seqs or tokens >= token_budget or blocks >= free_blocks:
+            break
+        admitted, token_budget, free_blocks = admitted + 1, token_budget - tokens, free_blocks - blocks
+    return admitted
+
+
+def pops_the_queue(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = num_admitted(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size)
+    del waiting[:admitted]  # the caller's queue changes under it
+    return admitted
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
-    ("14.kv_bytes", keys_only, 1, "keys only, no values"),
-    ("14.kv_bytes", float_bytes, 4, "a float, not an int"),
-    ("14.slot", block_id_plus_offset, 1, "the block id not multiplied by block_size"),
-    ("14.slot", contiguous_slots, 1, "the table ignored after its first block"),
+    ("14.kv_bytes", keys_only, 0, "keys only, no values"),
+    ("14.kv_bytes", float_bytes, 5, "a float, not an int"),
+    ("14.kv_bytes", values_not_bytes, 0, "values counted, not bytes"),
+    ("14.kv_bytes", forgets_the_layers, 1, "one layer's cache"),
+    ("14.kv_bytes", int32_product, 5, "overflows int32 past 2 GiB"),
+    ("14.kv_bytes", bits_not_bytes, 0, "bits, not bytes"),
+    ("14.kv_bytes", rounded_up_to_kib, 5, "rounded up to whole KiB"),
+    ("14.slot", block_id_plus_offset, 2, "the block id not multiplied by block_size"),
+    ("14.slot", contiguous_slots, 2, "the table ignored after its first block"),
     ("14.slot", wraps_around, 4, "wraps past the end of the table"),
-    ("14.top_p", drops_the_crossing_token, 0, "drops the token that crosses top_p"),
-    ("14.top_p", not_renormalised, 1, "not renormalised"),
+    ("14.slot", ignores_the_table, 0, "the position itself, the table ignored"),
+    ("14.slot", table_length_as_stride, 2, "the table's length as the block stride"),
+    ("14.slot", value_error_past_the_end, 4, "ValueError instead of IndexError"),
+    ("14.slot", minus_one_past_the_end, 4, "-1 past the end instead of raising"),
+    ("14.top_p", drops_the_crossing_token, 5, "drops the token that crosses top_p"),
+    ("14.top_p", not_renormalised, 2, "not renormalised"),
     ("14.top_p", sorts_in_place, 0, "sorts the caller's array"),
-    ("14.admit", skips_ahead, 5, "a later request jumps the queue"),
-    ("14.admit", floor_blocks, 5, "blocks rounded down"),
-    ("14.admit", ignores_running, 6, "forgets the running sequences"),
+    ("14.top_p", ties_highest_id_first, 7, "ties ranked highest id first"),
+    ("14.top_p", keeps_every_tie_at_the_cutoff, 7, "every token tied with the cutoff kept"),
+    ("14.top_p", at_most_top_p_before, 7, "a token after an exact sum kept"),
+    ("14.top_p", in_float32, 8, "float32 from jax.numpy"),
+    ("14.top_p", left_in_sorted_order, 1, "returned in sorted order"),
+    ("14.admit", skips_ahead, 10, "a later request jumps the queue"),
+    ("14.admit", floor_blocks, 10, "blocks rounded down"),
+    ("14.admit", ignores_running, 10, "forgets the running sequences"),
+    ("14.admit", one_seat_short, 10, "one seat short of max_num_seqs"),
+    ("14.admit", one_seat_too_many, 10, "one seat past max_num_seqs"),
+    ("14.admit", budget_not_spent, 10, "the token budget never spent"),
+    ("14.admit", blocks_not_spent, 10, "the free blocks never spent"),
+    ("14.admit", exact_fit_refused, 10, "an exact fit refused"),
+    ("14.admit", pops_the_queue, 2, "pops the admitted requests off the caller's queue"),
 ]
 
 

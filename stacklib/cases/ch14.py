@@ -19,7 +19,8 @@ def _kv_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):
     return 2 * n_layers * n_kv_heads * head_dim * num_tokens * bytes_per_value
 
 
-@kv_bytes.case(points=2, hint="A key AND a value, per layer, per KV head, per feature, per token.")
+@kv_bytes.case(points=2, hint="The count is off: check that every factor of the cache's size is there, "
+                              "keys and values both (section 'Naive generation, and the KV cache').")
 def the_chapter_model_at_128_tokens_in_float32(fn):
     expected = _kv_bytes(4, 2, 16, 128, 4)
     got = fn(4, 2, 16, 128, 4)
@@ -33,11 +34,21 @@ def llama_3_8b_at_8192_tokens_in_bfloat16(fn):
     expect(got == 1 << 30, f"kv_cache_bytes(32, 8, 128, 8192, 2): expected {1 << 30} (1 GiB), got {got!r}")
 
 
-@kv_bytes.case(hint="Bytes are a whole number: return an int (use integer arithmetic).")
-def the_answer_is_an_int(fn):
+@kv_bytes.case(hint="Bytes are a whole number: return an int (use integer arithmetic), the exact count.")
+def the_answer_is_an_exact_int(fn):
     got = fn(1, 1, 8, 3, 2)
     expect(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
            f"expected an int, got {type(got).__name__} {got!r}")
+    expect(got == 96, f"kv_cache_bytes(1, 1, 8, 3, 2): expected 96, got {got!r}")
+
+
+@kv_bytes.case(hint="A cache past 2 GiB overflows 32-bit integers (a jnp array's default): compute with "
+                    "Python ints.")
+def a_cache_past_2_gib_does_not_overflow(fn):
+    expected = _kv_bytes(80, 8, 128, 131072, 2)  # Llama-3-70B at 128k tokens: 40 GiB
+    got = fn(80, 8, 128, 131072, 2)
+    expect(got == expected,
+           f"kv_cache_bytes(80, 8, 128, 131072, 2): expected {expected} (40 GiB), got {got!r}")
 
 
 # ---------------------------------------------------------------- 14.slot
@@ -45,8 +56,9 @@ def the_answer_is_an_int(fn):
 slot = Exercise("14.slot", "Where a token's key and value live in the paged cache")
 
 
-@slot.case(points=2, hint="Block table[position // block_size], slot position % block_size inside it: "
-                          "block * block_size + offset.")
+@slot.case(points=2, hint="The slot is a place in the whole cache, not in the sequence: find the block the "
+                          "table gives for this position, then count from that block's first slot (section "
+                          "'A paged KV cache').")
 def positions_inside_blocks(fn):
     table, block_size = [7, 2, 9], 4
     for position, expected in [(0, 28), (1, 29), (5, 9), (10, 38)]:
@@ -54,8 +66,9 @@ def positions_inside_blocks(fn):
         expect_equal(got, expected, what=f"slot_for({table}, {position}, {block_size})")
 
 
-@slot.case(points=2, hint="The last slot of a block is block * block_size + block_size - 1; the next "
-                          "position starts the next block of the table, wherever that block lies.")
+@slot.case(points=2, hint="These positions sit at the edges of blocks: the last position of a block and "
+                          "the first of the next lie in different blocks of the table, wherever those "
+                          "blocks are.")
 def block_boundaries(fn):
     table, block_size = [3, 11, 5], 16
     for position, expected in [(15, 63), (16, 176), (31, 191), (32, 80)]:
@@ -63,7 +76,8 @@ def block_boundaries(fn):
         expect_equal(got, expected, what=f"slot_for({table}, {position}, {block_size})")
 
 
-@slot.case(hint="A position past the sequence's blocks has no slot: raise IndexError (do not wrap around).")
+@slot.case(points=2, hint="A position past the sequence's blocks has no slot: raise IndexError (do not wrap "
+                          "around).")
 def a_position_past_the_table_raises_index_error(fn):
     try:
         got = fn([4, 1], 8, 4)
@@ -84,29 +98,59 @@ def _probs(seed, n=12):
     return p / p.sum()
 
 
-@top_p.case(points=2, hint="Sort most likely first; keep tokens while the mass of those before them is "
-                           "below top_p (the token that crosses top_p stays); zero the rest; renormalise.")
+def _check_top_p(fn, probs, p, expected=None):
+    """top_p_filter(probs, p) against `expected` (default: the engine's filter), to float32 precision.
+
+    The float64 reference and a float32 answer differ by ~1e-8 relative; a wrong kept set differs by far more.
+    The dtype has its own case.
+    """
+    expected = filter_probs(probs, 0, p, 0.0) if expected is None else np.asarray(expected)
+    got = call_on_copies(fn, probs, p, what="top_p_filter")
+    expect_close(got, expected, rtol=1e-6, atol=1e-9,
+                 what=f"top_p_filter({np.round(probs, 4).tolist()}, {p})")
+
+
+@top_p.case(points=2, hint="The kept tokens or their values differ from the engine's: compare the token the "
+                           "message names with the exercise's rule (which tokens stay, and the result sums "
+                           "to 1).")
 def matches_the_engine_on_random_distributions(fn):
     for seed, p in [(0, 0.5), (1, 0.9), (2, 0.3)]:
-        probs = _probs(seed)
-        expected = filter_probs(probs, 0, p, 0.0)
-        got = call_on_copies(fn, probs, p, what="top_p_filter")
-        expect_close(got, expected, rtol=1e-9, atol=1e-12, what=f"top_p_filter(seed {seed}, top_p={p})")
+        _check_top_p(fn, _probs(seed), p)
 
 
 @top_p.case(hint="The token whose probability crosses top_p is kept: [0.5, 0.3, 0.2] at 0.6 keeps two.")
 def the_crossing_token_is_kept(fn):
-    probs = np.array([0.2, 0.5, 0.3])
-    got = call_on_copies(fn, probs, 0.6, what="top_p_filter")
-    expect_close(got, np.array([0.0, 0.625, 0.375]), rtol=1e-9, atol=1e-12,
-                 what="top_p_filter([0.2, 0.5, 0.3], 0.6)")
+    _check_top_p(fn, np.array([0.2, 0.5, 0.3]), 0.6, [0.0, 0.625, 0.375])
+
+
+@top_p.case(points=2, hint="A token is kept only while the mass before it is BELOW top_p: when the tokens "
+                           "before it already sum to exactly top_p, it is not kept.")
+def a_token_after_an_exact_sum_is_dropped(fn):
+    # Powers of two add exactly. top_p is the largest probability, so only the most likely token stays.
+    _check_top_p(fn, np.array([0.25, 0.5, 0.25]), 0.5, [0.0, 1.0, 0.0])
+
+
+@top_p.case(points=2, hint="Among tokens of equal probability the lower token id ranks first, and only as "
+                           "many of them as the rule needs are kept (the exercise's 'ties by token id').")
+def ties_are_broken_by_token_id(fn):
+    # top_p is below the largest probability, so one token stays: the first of the tied ones.
+    _check_top_p(fn, np.array([0.4, 0.2, 0.4]), 0.3, [1.0, 0.0, 0.0])
+    _check_top_p(fn, np.array([0.1, 0.3, 0.3, 0.3]), 0.25, [0.0, 1.0, 0.0, 0.0])
 
 
 @top_p.case(hint="top_p=1 keeps every token, and the result still sums to 1.")
 def top_p_1_keeps_everything(fn):
     probs = _probs(3)
-    got = call_on_copies(fn, probs, 1.0, what="top_p_filter")
-    expect_close(got, probs, rtol=1e-9, atol=1e-12, what="top_p_filter(probs, 1.0)")
+    _check_top_p(fn, probs, 1.0, probs)
+
+
+@top_p.case(hint="Return a NumPy array of probs' dtype (float64 here): jax.numpy computes in float32.")
+def the_result_keeps_the_dtype_of_probs(fn):
+    got = call_on_copies(fn, _probs(4), 0.8, what="top_p_filter")
+    dtype = getattr(got, "dtype", None)
+    expect(isinstance(got, np.ndarray) and dtype == np.float64,
+           f"expected a NumPy array of dtype float64 like probs, got {type(got).__name__}"
+           + ("" if dtype is None else f" of dtype {dtype}"))
 
 
 # ---------------------------------------------------------------- 14.admit
@@ -130,21 +174,37 @@ def _check_admit(fn, args):
     expect_equal(got, expected, what=f"num_admitted{tuple(args)}")
 
 
-@admit.case(hint="Stop when running + admitted reaches max_num_seqs.")
+@admit.case(points=2, hint="Wrong at the max_num_seqs limit: count the sequences already running together "
+                           "with those admitted before this one (the exercise's first rule).")
 def limited_by_max_num_seqs(fn):
-    _check_admit(fn, ([5, 5, 5, 5], 2, 4, 1000, 100, 4))
+    _check_admit(fn, ([5, 5, 5, 5], 2, 4, 1000, 100, 4))  # two seats left
+    _check_admit(fn, ([5, 5, 5], 0, 1, 1000, 100, 4))  # one seat
+    _check_admit(fn, ([5, 5], 3, 3, 1000, 100, 4))  # every seat taken
 
 
-@admit.case(points=2, hint="Each admitted prompt spends its tokens from the step's budget.")
-def limited_by_the_token_budget(fn):
+@admit.case(points=2, hint="Each admitted prompt spends its tokens from the step's budget: the next one "
+                           "must fit what is left.")
+def the_token_budget_is_spent(fn):
     _check_admit(fn, ([30, 30, 30], 0, 8, 70, 100, 4))
-    _check_admit(fn, ([30, 40, 30], 0, 8, 70, 100, 4))
 
 
-@admit.case(points=2, hint="A prompt of n tokens needs ceil(n / block_size) blocks, not n // block_size.")
-def limited_by_free_blocks(fn):
-    _check_admit(fn, ([9, 9, 9], 0, 8, 1000, 8, 4))  # 3 blocks each: two fit in 8
-    _check_admit(fn, ([8, 8, 1], 0, 8, 1000, 5, 4))
+@admit.case(points=2, hint="Each admitted prompt takes its blocks from free_blocks: the next one must fit "
+                           "what is left.")
+def the_free_blocks_are_spent(fn):
+    _check_admit(fn, ([8, 8, 8], 0, 8, 1000, 5, 4))  # 2 + 2 blocks; the third needs 2 of the 1 left
+
+
+@admit.case(points=2, hint="A prompt whose tokens, or whose blocks, exactly use up what is left still fits.")
+def a_prompt_that_exactly_fits_is_admitted(fn):
+    _check_admit(fn, ([30, 40, 80], 0, 8, 70, 100, 4))  # 30 + 40 tokens: exactly the budget
+    _check_admit(fn, ([8, 8, 1], 0, 8, 1000, 5, 4))  # 2 + 2 + 1 blocks: exactly the free blocks
+
+
+@admit.case(points=2, hint="A partly filled block is still a whole block: 9 tokens in blocks of 4 take 3 "
+                           "blocks.")
+def a_partial_block_takes_a_whole_block(fn):
+    _check_admit(fn, ([9], 0, 8, 1000, 2, 4))  # 3 blocks: more than the 2 free
+    _check_admit(fn, ([13], 0, 8, 1000, 3, 4))  # 4 blocks: more than the 3 free
 
 
 @admit.case(points=2, hint="First come, first served: when the oldest waiting request does not fit, stop; "
