@@ -57,28 +57,48 @@ def test_an_untouched_exercise_scores_zero(exercise_id):
     assert grade(exercise_id, untouched).points == 0
 
 
-def update_without_rescaling(m, ell, acc, s, v):  # forgets alpha: old sums stay relative to the old max
-    m_new = np.maximum(m, s.max(axis=1))
-    m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
-    p = np.exp(s - m_safe[:, None])
-    return m_new, ell + p.sum(axis=1), acc + p @ v
-
-
-def update_without_max(m, ell, acc, s, v):  # exp(s) directly: overflows for large logits
-    p = np.exp(s)
-    return m, ell + p.sum(axis=1), acc + p @ v
-
-
-def update_without_inf_guard(m, ell, acc, s, v):  # exp(-inf - (-inf)) = NaN for a masked block
-    m_new = np.maximum(m, s.max(axis=1))
-    alpha, p = np.exp(m - m_new), np.exp(s - m_new[:, None])
+def online_update(m, ell, acc, s, v, *, rescale=True, running_max=True, inf_guard=True, store_guard=False,
+                  guard_at_zero=False, max_over_all_rows=False):
+    """The online-softmax update, with switches that plant one mistake each."""
+    if not running_max:  # exp(s) directly: overflows for large logits, underflows for very negative ones
+        p = np.exp(s)
+        return m, ell + p.sum(axis=1), acc + p @ v
+    m_new = np.maximum(m, s.max() if max_over_all_rows else s.max(axis=1))
+    if guard_at_zero:
+        m_safe = np.maximum(m_new, 0.0)  # "use 0 in place of -inf" read as max(m_new, 0)
+    elif inf_guard:
+        m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
+    else:
+        m_safe = m_new
+    if store_guard:
+        m_new = m_safe
+    alpha, p = np.exp(m - m_safe), np.exp(s - m_safe[:, None])
+    if not rescale:
+        alpha = np.ones_like(alpha)
     return m_new, alpha * ell + p.sum(axis=1), alpha[:, None] * acc + p @ v
+
+
+def update_that_skips_fully_masked_blocks(m, ell, acc, s, v):  # guards the block, not each row
+    if np.all(np.isneginf(s)):
+        return m, ell, acc
+    return online_update(m, ell, acc, s, v, inf_guard=False)
+
+
+def update_with_column_state(m, ell, acc, s, v):  # the chapter's kernel keeps m and l as (block_q, 1)
+    m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    alpha, p = jnp.exp(m - m_safe), jnp.exp(s - m_safe)
+    return m_new, alpha * ell + p.sum(axis=1, keepdims=True), alpha * acc + p @ v
 
 
 def live_with_python_if(i, j, block_q, block_k):  # right values, but `if` fails on traced indices
     if j * block_k <= i * block_q + block_q - 1:
         return True
     return False
+
+
+def live_by_rounded_block_counts(i, j, block_q, block_k):  # right only when one block size divides the other
+    return j <= i * block_q // block_k + (block_q - 1) // block_k
 
 
 def gelu_kernel(gate_ref, up_ref, o_ref):
@@ -89,25 +109,68 @@ def uncast_kernel(gate_ref, up_ref, o_ref):  # stores float32 into a bfloat16 ou
     o_ref[...] = jax.nn.silu(gate_ref[...].astype(jnp.float32)) * up_ref[...].astype(jnp.float32)
 
 
+def bfloat16_kernel(gate_ref, up_ref, o_ref):  # computes in the input dtype: rounds at every step
+    o_ref[...] = (jax.nn.silu(gate_ref[...]) * up_ref[...]).astype(o_ref.dtype)
+
+
+def silu_of_up_kernel(gate_ref, up_ref, o_ref):
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref[...] = (jax.nn.silu(up) * gate).astype(o_ref.dtype)
+
+
+def always_bfloat16_kernel(gate_ref, up_ref, o_ref):
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref[...] = (jax.nn.silu(gate) * up).astype(jnp.bfloat16)
+
+
+def vmem(bm, bn, bk, itemsize, *, buffers=2, accumulator=4, output_buffers=2, double_accumulator=False):
+    inputs, output = bm * bk + bk * bn, bm * bn
+    scratch = bm * bn * accumulator * (2 if double_accumulator else 1)
+    return buffers * inputs * itemsize + output_buffers * output * itemsize + scratch
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("09.transposed_index_map", lambda i, j, k: (k, j), 0, "the untransposed map (k, j)"),
-    ("09.transposed_index_map", lambda i, j, k: (j, i), 2, "uses i for k (right when K is one block)"),
+    ("09.transposed_index_map", lambda i, j, k: (j, i), 0, "uses i for k"),
+    ("09.transposed_index_map", lambda i, j, k: (j, 0), 0, "assumes K is one block"),
+    ("09.transposed_index_map", lambda i, j, k: (i, k), 0, "copies x's map (i, k)"),
+    ("09.transposed_index_map", lambda i, j, k: (i, j), 0, "copies the output's map (i, j)"),
     ("09.transposed_index_map", lambda i, j, k: [j, k], 4, "a list, not a tuple (the kernel accepts it)"),
-    ("09.online_softmax", update_without_rescaling, 3, "forgets to rescale by alpha"),
-    ("09.online_softmax", update_without_max, 5, "no running maximum: overflows"),
-    ("09.online_softmax", update_without_inf_guard, 4, "NaN after a fully masked block"),
-    ("09.causal_block_skip", lambda i, j, bq, bk: j <= i, 3, "compares block indices, not positions"),
+    ("09.online_softmax", lambda *a: online_update(*a, rescale=False), 2, "forgets to rescale by alpha"),
+    ("09.online_softmax", lambda *a: online_update(*a, running_max=False), 3, "no running maximum"),
+    ("09.online_softmax", lambda *a: online_update(*a, inf_guard=False), 5, "NaN after a fully masked block"),
+    ("09.online_softmax", lambda *a: online_update(*a, store_guard=True), 5,
+     "keeps 0 as m after a masked block: very negative logits then underflow"),
+    ("09.online_softmax", lambda *a: online_update(*a, guard_at_zero=True), 3,
+     "guards with max(m_new, 0): very negative logits underflow"),
+    ("09.online_softmax", lambda *a: online_update(*a, max_over_all_rows=True), 3,
+     "one maximum for all rows"),
+    ("09.online_softmax", update_that_skips_fully_masked_blocks, 5,
+     "skips a block only when every row of it is masked"),
+    ("09.online_softmax", update_with_column_state, 0,
+     "the chapter's (rows, 1) state: named as a shape mistake"),
+    ("09.causal_block_skip", lambda i, j, bq, bk: j <= i, 4, "compares block indices, not positions"),
     ("09.causal_block_skip", lambda i, j, bq, bk: j * bk < i * bq, 0, "misses the diagonal block"),
-    ("09.causal_block_skip", live_with_python_if, 4, "a Python `if` on traced indices"),
-    ("09.matmul_vmem", lambda bm, bn, bk, s: (bm * bk + bk * bn + bm * bn) * s + bm * bn * 4, 0,
-     "no double buffering"),
-    ("09.matmul_vmem", lambda bm, bn, bk, s: 2 * (bm * bk + bk * bn + bm * bn) * s + bm * bn * s, 2,
+    ("09.causal_block_skip", lambda i, j, bq, bk: j * bk <= i * bq, 4, "compares with the block's first row"),
+    ("09.causal_block_skip", lambda i, j, bq, bk: (j + 1) * bk <= (i + 1) * bq, 4,
+     "requires the block's last key to be visible"),
+    ("09.causal_block_skip", lambda i, j, bq, bk: j * bk <= i * bq + bk - 1, 4, "block_k for the row offset"),
+    ("09.causal_block_skip", live_by_rounded_block_counts, 6, "rounds block counts: wrong for odd sizes"),
+    ("09.causal_block_skip", live_with_python_if, 6, "a Python `if` on traced indices"),
+    ("09.matmul_vmem", lambda *a: vmem(*a, buffers=1, output_buffers=1), 0, "no double buffering"),
+    ("09.matmul_vmem", lambda bm, bn, bk, s: vmem(bm, bn, bk, s, accumulator=s), 2,
      "an accumulator in the input dtype"),
-    ("09.matmul_vmem", lambda bm, bn, bk, s: 2 * (bm * bk + bk * bn + bm * bn) * s, 0,
-     "forgets the accumulator"),
+    ("09.matmul_vmem", lambda *a: vmem(*a, accumulator=0), 0, "forgets the accumulator"),
+    ("09.matmul_vmem", lambda *a: vmem(*a, double_accumulator=True), 0,
+     "double-buffers the scratch accumulator"),
+    ("09.matmul_vmem", lambda *a: vmem(*a, output_buffers=1), 0, "buffers the output block once"),
+    ("09.matmul_vmem", lambda *a: vmem(*a) / 2**20, 0, "MiB, not bytes"),
     ("09.fused_kernel", gelu_kernel, 0, "gelu instead of silu"),
+    ("09.fused_kernel", silu_of_up_kernel, 0, "silu of the wrong input"),
     ("09.fused_kernel", uncast_kernel, 2, "does not cast to the output dtype"),
+    ("09.fused_kernel", bfloat16_kernel, 3, "computes in bfloat16"),
+    ("09.fused_kernel", always_bfloat16_kernel, 2, "casts to bfloat16, not to o_ref.dtype"),
 ]
 
 
@@ -116,3 +179,15 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+def test_a_state_kept_as_columns_is_reported_as_a_shape_mistake():
+    result = grade("09.online_softmax", update_with_column_state)
+    first = result.cases[0]
+    assert first.status == "failed" and "m and l of shape (4,)" in first.message, first.message
+    assert "not a (4, 1) column" in first.message, first.message
+
+
+def test_vmem_bytes_are_printed_readably():
+    message = grade("09.matmul_vmem", lambda *a: vmem(*a, buffers=1, output_buffers=1)).cases[0].message
+    assert "expected 458,752 bytes (0.44 MiB)" in message and "e+0" not in message, message

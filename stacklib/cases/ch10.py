@@ -37,20 +37,34 @@ def causal_includes_the_diagonal(mask_fn):
     _check_mask(mask_fn, 6, 6, is_causal=True)
 
 
+@attention_mask.case(points=2, hint="Queries and keys are both numbered from 0, the first query facing the "
+                                    "first key, whatever T and S are: query t sees keys 0 .. t, not keys "
+                                    "counted from the end of the sequence.")
+def causal_counts_from_the_first_key_when_t_and_s_differ(mask_fn):
+    _check_mask(mask_fn, 4, 7, is_causal=True)
+    _check_mask(mask_fn, 7, 4, is_causal=True)
+
+
 @attention_mask.case(points=2, hint="A window (before, after) lets query t attend keys t - before .. "
-                                    "t + after, both ends included.")
+                                    "t + after, both ends included; a side of 0 still limits that side.")
 def a_window_includes_both_ends(mask_fn):
     _check_mask(mask_fn, 8, 8, local_window_size=(3, 1))
+    _check_mask(mask_fn, 6, 6, local_window_size=(0, 2))
 
 
-@attention_mask.case(hint="key_value_length L masks every key s >= L, for every query.")
+@attention_mask.case(points=2, hint="key_value_length L masks every key s >= L, for every query; L = 0 "
+                                    "masks every key (an option that is given applies, even when it is 0).")
 def keys_beyond_the_length_are_masked(mask_fn):
     _check_mask(mask_fn, 4, 6, key_value_length=3)
+    _check_mask(mask_fn, 3, 4, key_value_length=0)
 
 
-@attention_mask.case(hint="Every option applies at once: a pair may attend only if each one allows it.")
-def all_options_at_once_with_more_keys_than_queries(mask_fn):
+@attention_mask.case(points=2, hint="Every option that is given applies at once: a pair may attend only if "
+                                    "each one allows it.")
+def options_apply_together(mask_fn):
     _check_mask(mask_fn, 5, 7, is_causal=True, local_window_size=(2, 0), key_value_length=4)
+    _check_mask(mask_fn, 6, 6, is_causal=True, key_value_length=4)
+    _check_mask(mask_fn, 6, 8, local_window_size=(1, 1), key_value_length=5)
 
 
 # ---------------------------------------------------------------- 10.first_supported
@@ -79,10 +93,10 @@ def _check_choice(choose_fn, implementations, call, expected_name, expected_skip
            f"each reason must be a non-empty sentence, got {reasons!r:.200}")
 
 
-@first_supported.case(hint="Try the implementations in the order given and return the first that "
-                           "supports the call, with no reasons if it is the first.")
+@first_supported.case(hint="Try the implementations in the order given (not sorted) and return the first "
+                           "that supports the call, with no reasons if it is the first.")
 def the_first_that_can_serve_wins(choose_fn):
-    _check_choice(choose_fn, [_impl("xla"), _impl("xla_chunked")], _call(), "xla", [])
+    _check_choice(choose_fn, [_impl("xla_chunked"), _impl("xla")], _call(), "xla_chunked", [])
 
 
 @first_supported.case(points=2, hint="An implementation whose backends do not include the call's "
@@ -108,12 +122,23 @@ def a_dtype_it_lacks_is_skipped(choose_fn):
     _check_choice(choose_fn, implementations, _call(dtype="float16"), "xla", ["pallas"])
 
 
+@first_supported.case(hint="Reasons are for the implementations tried before the one chosen: once one "
+                           "can serve the call, the rest are not tried.")
+def nothing_after_the_winner_is_tried(choose_fn):
+    implementations = [_impl("mosaic", backends=("tpu",)), _impl("xla", options=("is_causal", "mask")),
+                       _impl("cudnn", backends=("gpu",)), _impl("pallas", dtypes=("bfloat16",))]
+    _check_choice(choose_fn, implementations, _call(options=("is_causal",)), "xla", ["mosaic"])
+
+
 @first_supported.case(hint="When none can serve the call, return (None, reasons) with a reason for "
-                           "every implementation, so that the error can list them all.")
+                           "every implementation, so that the error can list them all. Here each lacks "
+                           "something different: the backend, the dtype or one of the options.")
 def none_gives_every_reason(choose_fn):
-    implementations = [_impl("mosaic", backends=("tpu",)),
-                       _impl("cudnn", backends=("gpu",), dtypes=("bfloat16",))]
-    _check_choice(choose_fn, implementations, _call(), None, ["mosaic", "cudnn"])
+    implementations = [_impl("pallas", dtypes=("bfloat16",), options=("bias", "is_causal")),
+                       _impl("xla_chunked", options=("is_causal", "mask")),
+                       _impl("mosaic", backends=("tpu",))]
+    _check_choice(choose_fn, implementations, _call(options=("bias", "is_causal")), None,
+                  ["pallas", "xla_chunked", "mosaic"])
 
 
 # ---------------------------------------------------------------- 10.cache_key
@@ -133,12 +158,14 @@ def _key(key_fn, **changes):
     return got
 
 
-@cache_key.case(hint="The same call must give the same key, whatever order its dict arguments were "
-                     "built in: e.g. json.dumps(..., sort_keys=True).")
+@cache_key.case(points=2, hint="The same call must give the same key, whatever order its dict arguments "
+                               "(options, shapes, dtypes) were built in: a dict's printed order is its "
+                               "insertion order.")
 def the_same_call_gives_the_same_key(key_fn):
     first = _key(key_fn)
     reordered = _key(key_fn, options={"logits_soft_cap": None, "is_causal": True},
-                     shapes={"key": (2, 1024, 2, 128), "query": (2, 1024, 8, 128)})
+                     shapes={"key": (2, 1024, 2, 128), "query": (2, 1024, 8, 128)},
+                     dtypes={"key": "bfloat16", "query": "bfloat16"})
     expect(first == reordered, f"the same call built in another order gave two keys:\n{first}\n{reordered}")
 
 
@@ -148,12 +175,21 @@ def another_chip_gets_another_key(key_fn):
     expect(_key(key_fn) != _key(key_fn, device_kind="TPU v6 lite"), "two device kinds gave the same key")
 
 
-@cache_key.case(hint="Shapes and dtypes decide the best blocks: both are part of the key.")
+@cache_key.case(hint="Two ops (attention, a matmul) called with the same arrays have different best "
+                     "configs: the op's name is part of the key.")
+def another_op_gets_another_key(key_fn):
+    expect(_key(key_fn) != _key(key_fn, op="gated_linear_unit"), "two ops gave the same key")
+
+
+@cache_key.case(hint="The shapes and dtypes of every array decide the best blocks: all of them are part "
+                     "of the key.")
 def other_shapes_or_dtypes_get_other_keys(key_fn):
     base = _key(key_fn)
     longer = _key(key_fn, shapes={"query": (2, 2048, 8, 128), "key": (2, 2048, 2, 128)})
+    fewer_key_heads = _key(key_fn, shapes={"query": (2, 1024, 8, 128), "key": (2, 1024, 1, 128)})
     wider = _key(key_fn, dtypes={"query": "float32", "key": "float32"})
-    expect(len({base, longer, wider}) == 3, "a longer sequence or another dtype gave the same key")
+    expect(len({base, longer, fewer_key_heads, wider}) == 4,
+           "a longer sequence, another shape of the keys alone, or another dtype gave the same key")
 
 
 @cache_key.case(hint="Options such as is_causal change the work (and so the best blocks).")
@@ -214,7 +250,7 @@ def each_config_runs_warmup_plus_repeats_times(tune_fn):
 
 
 @timing_loop.case(hint="Time each run on its own: read the clock just before and just after it. Warm-up "
-                       "runs are not timed.")
+                       "runs are not timed, and the median of two runs is their mean.")
 def the_warm_up_is_not_timed(tune_fn):
     costs = {(128, 128): [100.0, 3.0, 5.0], (256, 256): [90.0, 4.0, 4.0]}
     _, (best, times) = _tune(tune_fn, costs, warmup=1, repeats=2)
@@ -222,6 +258,21 @@ def the_warm_up_is_not_timed(tune_fn):
            f"expected times for {sorted(costs)}, got {times!r:.100}")
     expect_equal(np.float64(times[(128, 128)]), np.float64(4.0), what="the median of (3 s, 5 s)")
     expect_equal(np.float64(times[(256, 256)]), np.float64(4.0), what="the median of (4 s, 4 s)")
+
+
+@timing_loop.case(points=2, hint="`warmup` and `repeats` are arguments: run each config `warmup` times "
+                                 "untimed, then time `repeats` runs, and with an even number of runs the "
+                                 "median is the mean of the middle two.")
+def warmup_and_repeats_are_the_callers(tune_fn):
+    costs = {"slow to compile": [100.0, 100.0, 100.0, 2.0, 9.0, 3.0, 2.0],
+             "quick to compile": [1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0]}
+    machine, (best, times) = _tune(tune_fn, costs, warmup=3, repeats=4)
+    expect(machine.runs == dict.fromkeys(costs, 7), f"expected 3 + 4 runs of each config, got {machine.runs}")
+    expect(isinstance(times, dict) and set(times) == set(costs),
+           f"expected times for {sorted(costs)}, got {times!r:.100}")
+    expect_equal(np.float64(times["slow to compile"]), np.float64(2.5), what="the median of (2, 9, 3, 2) s")
+    expect(best == "slow to compile",
+           f"expected 'slow to compile' (median 2.5 s after its warm-up), got {best!r}")
 
 
 @timing_loop.case(hint="Return times[config] = the median of that config's timed runs, for every config.")

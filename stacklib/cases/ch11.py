@@ -24,9 +24,9 @@ def _kernel(seed, shape):
     return np.asarray(jax.random.normal(jax.random.key(seed), shape)) * rows
 
 
-@tiled_scales.case(points=2, hint="Reshape (d_in, d_out) to (d_in // tile, tile, d_out), take max |w| over "
-                                  "axis 1, divide by 127.5 (qmax + 0.5: the largest value lands on the edge "
-                                  "of the top bucket).")
+@tiled_scales.case(points=2, hint="Each scale covers tile_size consecutive rows of one column and comes from "
+                                  "the largest magnitude there, negative values included. See 'Per-tensor, "
+                                  "per-channel and tiled scales'.")
 def equals_qwix_scales(scales_fn):
     for shape, tile in [((64, 8), 16), ((96, 5), 32), ((12, 3), 4)]:
         w = _kernel(0, shape)
@@ -43,15 +43,20 @@ def one_tile_is_per_channel(scales_fn):
                  what="scales with tile size 32 on a (32, 6) kernel")
 
 
-@tiled_scales.case(hint="An all-zero tile would give scale 0 and a division by zero: qwix uses 1 there "
-                        "(jnp.where(scale < tiny, 1, scale)).")
+@tiled_scales.case(points=2, hint="Only a tile whose scale would be exactly 0 changes: its scale is 1 itself "
+                                  "(not 1 / 127.5), and a tile of tiny values keeps its own tiny scale.")
 def an_all_zero_tile_gets_scale_one(scales_fn):
     w = _kernel(2, (16, 4))
-    w[4:8, 1] = 0.0
+    w[4:8, 1] = 0.0  # an all-zero tile
+    w[8:12, 2] *= 1e-6  # a tile of tiny values, which is not zero
+    absmax = np.abs(w).reshape(4, 4, 4).max(axis=1)  # (tile count, tile, d_out) -> (tile count, d_out)
+    expected = np.where(absmax == 0, 1.0, absmax / 127.5)
     got = np.asarray(call_on_copies(scales_fn, w, 4, what="tiled_scales"))
     expect(got.shape == (4, 4), f"expected scales of shape (4, 4), got {got.shape}")
     expect(float(got[1, 1]) == 1.0, f"the all-zero tile (rows 4-7 of column 1) should get scale 1.0, "
                                     f"got {float(got[1, 1])}")
+    expect_close(got, expected, rtol=1e-6, atol=0,
+                 what="scales of a (16, 4) kernel, tile 4, one tile all zero and one of values near 1e-6")
 
 
 # ---------------------------------------------------------------- 11.fake_quant
@@ -63,8 +68,9 @@ def _reference_fake_quant(x, scale):
     return np.clip(np.round(x / scale), -128, 127) * scale
 
 
-@fake_quant.case(points=2, hint="Forward: round(x / scale) (half to even: jnp.round), clipped to "
-                                "[-128, 127], times scale.")
+@fake_quant.case(points=3, hint="Check each step of the forward value against the text: ties round to "
+                                "even, and it is x / scale, rounded, that is clipped to int8's range "
+                                "[-128, 127], before multiplying by scale.")
 def forward_rounds_and_clips(fake_quant_fn):
     x = np.array([-300.0, -1.26, -0.5, 0.0, 0.25, 0.74, 1.5, 2.5, 127.4, 400.0], np.float32)
     expected = _reference_fake_quant(x, 1.0)
@@ -73,14 +79,31 @@ def forward_rounds_and_clips(fake_quant_fn):
     y = np.linspace(-2, 2, 17, dtype=np.float32)
     got = np.asarray(call_on_copies(fake_quant_fn, y, 0.1, what="fake_quant"))
     expect_close(got, _reference_fake_quant(y, 0.1), rtol=1e-5, atol=1e-6, what="fake_quant(x, scale=0.1)")
+    z = np.linspace(-3, 3, 13, dtype=np.float32)  # x / scale reaches +-300: clipped
+    got = np.asarray(call_on_copies(fake_quant_fn, z, 0.01, what="fake_quant"))
+    expect_close(got, _reference_fake_quant(z, 0.01), rtol=1e-5, atol=1e-6, what="fake_quant(x, scale=0.01)")
 
 
-@fake_quant.case(points=2, hint="round() has zero gradient; the straight-through estimator passes the "
-                                "gradient through unchanged: x + jax.lax.stop_gradient(q - x).")
+def _gradient_of_weighted_sum(fake_quant_fn, x, scale):
+    """d/dx of sum(fake_quant(x, scale) * w) with w = 0, 1, 2, ...: the straight-through answer is w."""
+    weights = jnp.arange(float(x.size))
+    return np.asarray(jax.grad(lambda x: jnp.sum(fake_quant_fn(x, scale) * weights))(x)), np.asarray(weights)
+
+
+@fake_quant.case(points=2, hint="round() has zero derivative almost everywhere: the value must be the "
+                                "quantized one while the gradient flows as if fake_quant were the identity. "
+                                "See 'Quantization-aware training' and jax.lax.stop_gradient.")
 def gradient_is_straight_through(fake_quant_fn):
-    x = jnp.linspace(-3.0, 3.0, 13)
-    grad = jax.grad(lambda x: jnp.sum(fake_quant_fn(x, 0.1) * jnp.arange(13.0)))(x)
-    expect_close(np.asarray(grad), np.arange(13.0), what="d/dx of sum(fake_quant(x) * w) (should be w)")
+    grad, weights = _gradient_of_weighted_sum(fake_quant_fn, jnp.linspace(-3.0, 3.0, 13), 0.1)
+    expect_close(grad, weights, what="d/dx of sum(fake_quant(x, 0.1) * w) for x in [-3, 3] (should be w)")
+
+
+@fake_quant.case(points=2, hint="The derivative is 1 everywhere, also where x / scale is clipped: the "
+                                "clip must not stop the gradient either.")
+def gradient_is_one_outside_the_clip_range_too(fake_quant_fn):
+    grad, weights = _gradient_of_weighted_sum(fake_quant_fn, jnp.linspace(-3.0, 3.0, 13), 0.01)
+    expect_close(grad, weights, what="d/dx of sum(fake_quant(x, 0.01) * w) for x in [-3, 3], mostly beyond "
+                                     "the clip range [-1.28, 1.27] (should be w)")
 
 
 @fake_quant.case(hint="Use jax.numpy inside, so the function traces under jax.jit.")
@@ -106,8 +129,9 @@ def _answer(rule_fn, rules, path, op_name):
     return call_on_copies(rule_fn, list(rules), path, op_name, what="which_rule")
 
 
-@which_rule.case(points=2, hint="module_path must match the whole path: re.fullmatch, not re.match "
-                                "(which accepts 'head' for 'header') or re.search.")
+@which_rule.case(points=2, hint="module_path must match the whole path, not a prefix or a part of it: "
+                                "'head' must not match 'header' or 'my/head'. See 'Rules, paths and "
+                                "interception'.")
 def the_regex_matches_the_whole_path(rule_fn):
     for path, expected in [("head", 3), ("header", None), ("blocks/1/mlp", 2), ("blocks/1/mlp/out", None),
                            ("my/head", None)]:
@@ -115,11 +139,12 @@ def the_regex_matches_the_whole_path(rule_fn):
         expect(got == expected, f"path {path!r}, op 'dot_general': expected rule {expected}, got {got!r}")
 
 
-@which_rule.case(hint="Rules are tried in order and the first match wins: 'blocks/0/mlp' matches rule 0 "
-                      "before rule 2.")
+@which_rule.case(points=2, hint="Rules are tried in order and the first match wins, even when a later rule "
+                                "matches as well.")
 def the_first_match_wins(rule_fn):
-    got = _answer(rule_fn, _RULES, "blocks/0/mlp", "dot_general")
-    expect(got == 0, f"path 'blocks/0/mlp': expected rule 0 (the first that matches), got {got!r}")
+    for path, op in [("blocks/0/mlp", "dot_general"), ("blocks/0/attn", "einsum")]:
+        got = _answer(rule_fn, _RULES, path, op)
+        expect(got == 0, f"path {path!r}, op {op!r}: expected rule 0 (the first that matches), got {got!r}")
 
 
 @which_rule.case(points=2, hint="A rule with op_names applies only to those ops; an empty op_names means "
@@ -148,18 +173,24 @@ def _check_key(bytes_fn, key, cases):
         expect(isinstance(got, dict) and key in got,
                f"expected a dict with keys 'base', 'scales', 'adapters', got {got!r:.80}")
         expected = _expected_bytes(*args)[key]
+        shown = f"{got[key]:,}" if isinstance(got[key], int | float | np.number) else repr(got[key])
         expect(got[key] == expected, f"{key} bytes for (d_in, d_out, rank, bits, tile_size) = {args}: "
-                                     f"expected {expected}, got {got[key]}")
+                                     f"expected {expected:,}, got {shown}")
+        expect(isinstance(got[key], int | np.integer) and not isinstance(got[key], bool),
+               f"{key} bytes for {args}: expected an integer, got {type(got[key]).__name__} {shown} "
+               f"(a count of bytes is a whole number)")
 
 
-@qlora_bytes.case(hint="The frozen base holds d_in * d_out integers of `bits` bits: d_in * d_out * bits / 8 "
-                       "bytes (int4 packs two values per byte).")
+@qlora_bytes.case(points=2, hint="The frozen base holds d_in * d_out integers of `bits` bits each, packed "
+                                 "(int4 takes half a byte): a whole number of bytes, for whatever `bits` "
+                                 "the call gives.")
 def base_bytes(bytes_fn):
     _check_key(bytes_fn, "base", [(4096, 4096, 16, 4, None), (1024, 512, 8, 8, 128)])
 
 
-@qlora_bytes.case(points=2, hint="One float32 scale per output channel, or, with tiles, one per tile of "
-                                 "the input axis per output channel: 4 * (d_in // tile_size) * d_out.")
+@qlora_bytes.case(points=2, hint="Scales are float32: one per output channel, or, with tiles, one per tile "
+                                 "of the input axis for each output channel (count the tiles, not their "
+                                 "size). See 'Per-tensor, per-channel and tiled scales'.")
 def scale_bytes(bytes_fn):
     _check_key(bytes_fn, "scales", [(4096, 4096, 16, 4, None), (4096, 4096, 16, 4, 128),
                                     (1024, 512, 8, 8, 64)])
@@ -183,4 +214,4 @@ def matches_a_real_qlora_layer(bytes_fn):
     expect(isinstance(got, dict), f"expected a dict, got {got!r:.80}")
     total = sum(got.get(key, 0) for key in ("base", "scales", "adapters"))
     expect(total == measured, f"base + scales + adapters for a 128x64 int4 layer, rank 4, tiles of 32: "
-                              f"stacklib.quant stores {measured} bytes, your parts add up to {total}")
+                              f"stacklib.quant stores {measured:,} bytes, your parts add up to {total:,}")
