@@ -101,6 +101,23 @@ def rope_in_place(x, positions, theta):
     return x
 
 
+def rope_fixed_theta(x, positions, theta):  # 10000 from the text's example, not the argument
+    return apply_rope(x, positions, 10_000.0)
+
+
+def rope_turned_backwards(x, positions, theta):  # (x1 cos + x2 sin, x2 cos - x1 sin): angle -a
+    return apply_rope(x, -np.asarray(positions), theta)
+
+
+def rope_first_row_positions(x, positions, theta):  # every sequence turned by row 0's positions
+    return apply_rope(x, np.broadcast_to(np.asarray(positions)[:1], np.shape(positions)), theta)
+
+
+def rope_positions_from_the_first(x, positions, theta):  # counts from each row's first position
+    positions = np.asarray(positions)
+    return apply_rope(x, positions - positions[:, :1], theta)
+
+
 def gqa_interleaved(q, k, v, q_positions, k_positions):  # query head h uses kv head h % K
     group = q.shape[2] // k.shape[2]
     tiled_k, tiled_v = jnp.tile(k, (1, 1, group, 1)), jnp.tile(v, (1, 1, group, 1))  # heads 0,1,0,1,...
@@ -115,6 +132,26 @@ def gqa_index_mask(q, k, v, q_positions, k_positions):  # tril by array index, n
 
 def gqa_unscaled(q, k, v, q_positions, k_positions):  # forgets 1/sqrt(D)
     return gqa_attention(q * np.sqrt(q.shape[-1]), k, v, q_positions, k_positions)
+
+
+def gqa_strict_mask(q, k, v, q_positions, k_positions):  # a query may not see its own key
+    return gqa_attention(q, k, v, np.asarray(q_positions) - 1, k_positions)
+
+
+def gqa_bottom_right_mask(q, k, v, q_positions, k_positions):  # tril aligned to the last key, by index
+    T, S = q.shape[1], k.shape[1]
+    rows = np.broadcast_to(np.arange(S - T, S), (q.shape[0], T))
+    return gqa_attention(q, k, v, rows, np.broadcast_to(np.arange(S), (q.shape[0], S)))
+
+
+def gqa_first_row_mask(q, k, v, q_positions, k_positions):  # row 0's mask for every sequence
+    q_positions, k_positions = np.asarray(q_positions), np.asarray(k_positions)
+    return gqa_attention(q, k, v, np.broadcast_to(q_positions[:1], q_positions.shape),
+                         np.broadcast_to(k_positions[:1], k_positions.shape))
+
+
+def gqa_scaled_by_d(q, k, v, q_positions, k_positions):  # 1/D instead of 1/sqrt(D)
+    return gqa_attention(q / np.sqrt(q.shape[-1]), k, v, q_positions, k_positions)
 
 
 def flops_with_embedding(**sizes):  # the lookup is not a matmul
@@ -134,6 +171,46 @@ def flops_half_of_t(**sizes):  # T / 2 keys per query instead of (T + 1) / 2
 
 def flops_forward_only(**sizes):
     return flops_per_token(**sizes) / 3
+
+
+def flops_square_projections(d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, seq_len,
+                             causal):  # q and o as d_model x d_model, k and v as d_model x d_model * K / H
+    attention_weights = 2 * d_model * d_model + 2 * d_model * d_model * n_kv_heads / n_heads
+    n = n_layers * (attention_weights + 3 * d_model * d_ff) + d_model * vocab_size
+    keys = (seq_len + 1) / 2 if causal else seq_len
+    return 6 * n + 3 * n_layers * 2 * 2 * keys * n_heads * head_dim
+
+
+def flops_attention_over_d_model(d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, seq_len,
+                                 causal):  # the score matmuls as wide as d_model
+    attention_weights = 2 * d_model * n_heads * head_dim + 2 * d_model * n_kv_heads * head_dim
+    n = n_layers * (attention_weights + 3 * d_model * d_ff) + d_model * vocab_size
+    keys = (seq_len + 1) / 2 if causal else seq_len
+    return 6 * n + 3 * n_layers * 2 * 2 * keys * d_model
+
+
+def flops_attention_over_kv_heads(d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, seq_len,
+                                  causal):  # scores counted for the key/value heads only
+    attention_weights = 2 * d_model * n_heads * head_dim + 2 * d_model * n_kv_heads * head_dim
+    n = n_layers * (attention_weights + 3 * d_model * d_ff) + d_model * vocab_size
+    keys = (seq_len + 1) / 2 if causal else seq_len
+    return 6 * n + 3 * n_layers * 2 * 2 * keys * n_kv_heads * head_dim
+
+
+def flops_causal_integer_division(**sizes):  # (seq_len + 1) // 2 keys: 64, not 64.5
+    full = flops_per_token(**{**sizes, "causal": False})
+    if not sizes["causal"]:
+        return full
+    dropped_keys = sizes["seq_len"] - (sizes["seq_len"] + 1) // 2
+    return full - 3 * sizes["n_layers"] * 2 * 2 * dropped_keys * sizes["n_heads"] * sizes["head_dim"]
+
+
+def flops_two_mlp_matrices(**sizes):  # an MLP without the gate
+    return flops_per_token(**sizes) - 6 * sizes["n_layers"] * sizes["d_model"] * sizes["d_ff"]
+
+
+def flops_without_output_projection(**sizes):  # the output projection taken as tied to the embedding
+    return flops_per_token(**sizes) - 6 * sizes["d_model"] * sizes["vocab_size"]
 
 
 def pack_without_overlap(documents, seq_len, eos_id):  # records of L+1 side by side: a target is lost
@@ -165,6 +242,35 @@ def pack_appends_in_place(documents, seq_len, eos_id):
     return _pack_stream(np.concatenate(documents).astype(np.int32), seq_len)
 
 
+def pack_separators_between(documents, seq_len, eos_id):  # eos between documents, none after the last
+    pieces = [np.asarray(documents[0])]
+    for d in documents[1:]:
+        pieces += [np.array([eos_id]), np.asarray(d)]
+    return _pack_stream(np.concatenate(pieces).astype(np.int32), seq_len)
+
+
+def pack_fixed_eos(documents, seq_len, eos_id):  # 0 from the text's example, not the argument
+    return pack(documents, seq_len, 0)
+
+
+def pack_one_record_too_many(documents, seq_len, eos_id):  # len(stream) // L records, the last one short
+    stream = np.concatenate([np.append(d, eos_id) for d in documents]).astype(np.int32)
+    count = len(stream) // seq_len
+    stream = np.append(stream, np.full(max(0, count * seq_len + 1 - len(stream)), eos_id))  # one eos at most
+    return _pack_stream(stream, seq_len)
+
+
+def pack_sorts_in_place(documents, seq_len, eos_id):  # sorts each document's tokens in place
+    for d in documents:
+        d.sort()
+    return pack(documents, seq_len, eos_id)
+
+
+def pack_longest_first(documents, seq_len, eos_id):  # sorts the caller's list, longest document first
+    documents.sort(key=len, reverse=True)
+    return pack(documents, seq_len, eos_id)
+
+
 def goodput_counts_every_step(log):  # the lost runs counted as productive
     result = goodput(log)
     wall = result["productive"] / result["goodput"]
@@ -193,26 +299,95 @@ def goodput_without_other(log):  # wall = the sum of the timed categories
     return result
 
 
+def _with_steps(log, productive, lost):  # the right answer around another split of the step time
+    result = goodput(log)
+    wall = result["productive"] / result["goodput"]
+    result.update(productive=productive, lost=lost)
+    timed = sum(result[k] for k in ("productive", "lost", "compile", "checkpoint", "input"))
+    result.update(other=wall - timed, goodput=productive / wall)
+    return result
+
+
+def goodput_span_wall(log):  # wall = last end - first start, the pause between jobs included
+    result = goodput(log)
+    ends = [e["time"] for e in log if e["event"] == "end"]
+    wall = max(ends) - min(e["time"] for e in log if e["event"] == "start")
+    timed = sum(result[k] for k in ("productive", "lost", "compile", "checkpoint", "input"))
+    result.update(other=wall - timed, goodput=result["productive"] / wall)
+    return result
+
+
+def goodput_lost_after_the_last_checkpoint(log):  # lost = a crashed job's steps after its last save
+    unsaved = []  # per job, the step seconds since its last checkpoint
+    for e in log:
+        if e["event"] == "start":
+            unsaved.append(0.0)
+        elif e["event"] == "step":
+            unsaved[-1] += e["seconds"]
+        elif e["event"] == "checkpoint":
+            unsaved[-1] = 0.0
+    lost = sum(unsaved[:-1])  # every job but the last crashed
+    return _with_steps(log, sum(e["seconds"] for e in log if e["event"] == "step") - lost, lost)
+
+
+def goodput_only_the_first_repeat_lost(log):  # a step run three times: its middle run is neither
+    runs = {}
+    for e in log:
+        if e["event"] == "step":
+            runs.setdefault(e["step"], []).append(e["seconds"])
+    productive = sum(seconds[-1] for seconds in runs.values())
+    return _with_steps(log, productive, sum(seconds[0] for seconds in runs.values() if len(seconds) > 1))
+
+
+def goodput_as_a_percentage(log):
+    result = goodput(log)
+    result["goodput"] *= 100
+    return result
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("12.rope", rope_adjacent_pairs, 2, "pairs adjacent features (2j, 2j+1) instead of the two halves"),
     ("12.rope", rope_ignores_positions, 0, "uses 0..T-1 instead of the given positions"),
     ("12.rope", rope_wrong_frequencies, 2, "frequencies theta ** (-j / D)"),
     ("12.rope", rope_in_place, 2, "rotates the caller's array in place"),
-    ("12.gqa_attention", gqa_interleaved, 1, "query head h uses kv head h % K"),
-    ("12.gqa_attention", gqa_index_mask, 3, "a triangular mask by index, not by position"),
+    ("12.rope", rope_fixed_theta, 5, "theta fixed at 10000, not the argument"),
+    ("12.rope", rope_turned_backwards, 2, "turns by -angle"),
+    ("12.rope", rope_first_row_positions, 2, "row 0's positions for every sequence"),
+    ("12.rope", rope_positions_from_the_first, 1, "positions counted from each row's first"),
+    ("12.gqa_attention", gqa_interleaved, 3, "query head h uses kv head h % K"),
+    ("12.gqa_attention", gqa_index_mask, 4, "a triangular mask by index, not by position"),
     ("12.gqa_attention", gqa_unscaled, 0, "no 1/sqrt(D)"),
+    ("12.gqa_attention", gqa_strict_mask, 0, "a query may not see its own key"),
+    ("12.gqa_attention", gqa_bottom_right_mask, 4, "a triangular mask aligned to the last key"),
+    ("12.gqa_attention", gqa_first_row_mask, 4, "row 0's mask for every sequence"),
+    ("12.gqa_attention", gqa_scaled_by_d, 0, "scores divided by D, not sqrt(D)"),
     ("12.flops_per_token", flops_with_embedding, 0, "counts the embedding lookup as a matmul"),
-    ("12.flops_per_token", flops_mha_projections, 2, "k and v projections as wide as q"),
-    ("12.flops_per_token", flops_half_of_t, 3, "causal attention as T / 2 keys"),
+    ("12.flops_per_token", flops_mha_projections, 6, "k and v projections as wide as q"),
+    ("12.flops_per_token", flops_half_of_t, 6, "causal attention as T / 2 keys"),
     ("12.flops_per_token", flops_forward_only, 0, "the forward pass only (2N)"),
+    ("12.flops_per_token", flops_square_projections, 6, "q and o projections as d_model x d_model"),
+    ("12.flops_per_token", flops_attention_over_d_model, 6, "attention as wide as d_model"),
+    ("12.flops_per_token", flops_attention_over_kv_heads, 6, "attention over the key/value heads"),
+    ("12.flops_per_token", flops_causal_integer_division, 6, "(seq_len + 1) // 2 keys"),
+    ("12.flops_per_token", flops_two_mlp_matrices, 0, "an MLP of two matrices"),
+    ("12.flops_per_token", flops_without_output_projection, 0, "no output projection"),
     ("12.pack", pack_without_overlap, 1, "records without the one-token overlap"),
     ("12.pack", pack_without_separator, 1, "no end-of-document token"),
-    ("12.pack", pack_padded_tail, 0, "keeps a padded incomplete record"),
+    ("12.pack", pack_padded_tail, 2, "keeps a padded incomplete record"),
     ("12.pack", pack_appends_in_place, 0, "appends eos to the caller's documents in place"),
+    ("12.pack", pack_separators_between, 6, "no eos after the last document"),
+    ("12.pack", pack_fixed_eos, 6, "eos fixed at 0, not the argument"),
+    ("12.pack", pack_one_record_too_many, 6, "len(stream) // L records, the last padded"),
+    ("12.pack", pack_sorts_in_place, 0, "sorts each document in place"),
+    ("12.pack", pack_longest_first, 1, "sorts the caller's list by length"),
     ("12.goodput", goodput_counts_every_step, 3, "counts the lost runs of repeated steps as productive"),
     ("12.goodput", goodput_keeps_the_first_run, 3, "keeps the first run of a repeated step, not the last"),
     ("12.goodput", goodput_without_other, 0, "divides by the timed categories, not the wall time"),
+    ("12.goodput", goodput_span_wall, 2, "wall time from the first start to the last end"),
+    ("12.goodput", goodput_lost_after_the_last_checkpoint, 5, "lost = steps after a job's last checkpoint"),
+    ("12.goodput", goodput_only_the_first_repeat_lost, 5, "a step run three times: the middle run kept"),
+    ("12.goodput", goodput_as_a_percentage, 1, "goodput in per cent"),
 ]
 
 

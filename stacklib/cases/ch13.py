@@ -74,18 +74,19 @@ def _padded_batch(seed):
     return tokens, prompt_lengths, lengths
 
 
-@completion_loss.case(points=2, hint="The logits at position t predict token t + 1: score tokens[:, 1:] "
-                                     "against logits[:, :-1]. A target counts when its position p has "
-                                     "prompt_length <= p < length. Average over all counted targets of "
-                                     "the batch (one mean over tokens, not a mean of per-sequence means).")
+@completion_loss.case(points=2, hint="The loss of a padded batch differs. Check which logits score each "
+                                     "target (the exercise says which position predicts which), which "
+                                     "positions are answer targets, and what the mean is taken over. See "
+                                     "'Supervised fine-tuning'.")
 def matches_the_reference_on_a_padded_batch(loss_fn):
     tokens, prompt_lengths, lengths = _padded_batch(0)
     _check_completion_loss(loss_fn, _random(1, (3, 9, 12)), tokens, prompt_lengths, lengths,
                            "the loss of three padded sequences")
 
 
-@completion_loss.case(hint="A model that predicts every completion token perfectly has loss 0, however "
-                           "badly it predicts the prompt: prompt tokens are the question, not the answer.")
+@completion_loss.case(hint="A model sure of every answer token should cost nothing, however badly it "
+                           "predicts the prompt: check which positions your loss counts, and which logits "
+                           "score them.")
 def a_perfect_answer_costs_nothing(loss_fn):
     tokens, prompt_lengths, lengths = _padded_batch(2)
     logits = _random(3, (3, 9, 12))
@@ -96,10 +97,12 @@ def a_perfect_answer_costs_nothing(loss_fn):
                            "the loss of a model that is sure of every completion token")
 
 
-@completion_loss.case(hint="Padding after `length` is not part of the answer: what the model predicts "
-                           "there must not change the loss.")
+@completion_loss.case(hint="What the model predicts after a sequence's last real token changed your loss: "
+                           "padding is not part of the answer, and only `lengths` says where it starts "
+                           "(the pad token here is not 0).")
 def padding_does_not_count(loss_fn):
     tokens, prompt_lengths, lengths = _padded_batch(4)
+    tokens[np.arange(9)[None, :] >= lengths[:, None]] = 3  # a pad token that also occurs in the answers
     logits = _random(5, (3, 9, 12))
     noisy = logits.copy()
     noisy[np.arange(9)[None, :] >= lengths[:, None] - 1] += _random(6, (3, 9, 12), 5.0)[
@@ -108,6 +111,31 @@ def padding_does_not_count(loss_fn):
     padded = float(call_on_copies(loss_fn, noisy, tokens, prompt_lengths, lengths, what="completion_loss"))
     expect(abs(clean - padded) <= 1e-5 * max(1.0, abs(clean)),
            f"changing the logits after the last real token changed the loss from {clean:.6f} to {padded:.6f}")
+
+
+@completion_loss.case(points=2, hint="The model is sure of every answer token except the first and the last "
+                                     "of each answer, and your loss differs: check that both ends of the "
+                                     "answer count, the first answer token included (it sits at position "
+                                     "prompt_length).")
+def the_first_and_the_last_answer_token_count(loss_fn):
+    tokens, prompt_lengths, lengths = _padded_batch(8)
+    logits = _random(9, (3, 9, 12))
+    for b in range(3):
+        for p in range(prompt_lengths[b] + 1, lengths[b] - 1):  # the answer's inner tokens only
+            logits[b, p - 1, tokens[b, p]] = 60.0
+    _check_completion_loss(loss_fn, logits, tokens, prompt_lengths, lengths,
+                           "the loss when only the first and last answer tokens are uncertain")
+
+
+@completion_loss.case(hint="Answers of 1, 6 and 0 tokens: every answer token of the batch weighs the same, "
+                           "and an empty answer adds nothing (no NaN). The exercise's formula is one mean "
+                           "over the tokens of the batch.")
+def every_answer_token_weighs_the_same(loss_fn):
+    tokens = np.array(jax.random.randint(jax.random.key(12), (3, 9), 1, 12), np.int32)
+    prompt_lengths, lengths = np.array([4, 2, 5], np.int32), np.array([5, 8, 5], np.int32)  # the last: empty
+    tokens[np.arange(9)[None, :] >= lengths[:, None]] = 0
+    _check_completion_loss(loss_fn, _random(13, (3, 9, 12)), tokens, prompt_lengths, lengths,
+                           "the loss of answers of 1, 6 and 0 tokens")
 
 
 # ---------------------------------------------------------------- 13.dpo_loss
@@ -138,25 +166,28 @@ def _check_dpo(dpo_fn, inputs, beta, label_smoothing, what, check_metrics):
                      what=f"the metrics, {what}")
 
 
-@dpo_loss.case(points=2, hint="delta = (chosen - ref_chosen) - (rejected - ref_rejected); the loss is "
-                              "the mean of -log sigmoid(beta * delta).")
+@dpo_loss.case(points=2, hint="The loss without label smoothing differs: check that each answer's "
+                              "log-probability is taken relative to the reference's, and where beta "
+                              "goes. See 'DPO: learning from pairs'.")
 def the_loss_matches_the_reference(dpo_fn):
     _check_dpo(dpo_fn, _dpo_inputs(0), 0.1, 0.0, "beta 0.1", check_metrics=False)
 
 
-@dpo_loss.case(hint="With label smoothing e, the loss is -(1 - e) log sigmoid(beta delta) "
-                    "- e log sigmoid(-beta delta): a share e of the labels is assumed flipped.")
+@dpo_loss.case(points=2, hint="With label_smoothing > 0 the loss differs: a share label_smoothing of the "
+                              "pairs is assumed to have its labels swapped. Check the weight and the sign "
+                              "of each of the two terms in the exercise's formula.")
 def label_smoothing_mixes_in_the_flipped_label(dpo_fn):
     _check_dpo(dpo_fn, _dpo_inputs(10), 0.5, 0.2, "beta 0.5, label smoothing 0.2", check_metrics=False)
+    _check_dpo(dpo_fn, _dpo_inputs(30), 0.1, 0.4, "beta 0.1, label smoothing 0.4", check_metrics=False)
 
 
-@dpo_loss.case(points=2, hint="The implicit rewards are beta * (policy logp - reference logp) of each "
-                              "answer; report their means, the mean margin, and the share of pairs whose "
-                              "chosen reward is strictly greater (a tie is not a win).")
+@dpo_loss.case(points=2, hint="The metrics differ: check that the implicit rewards include beta, and that "
+                              "the accuracy is a share of pairs, where a pair whose two rewards tie is not "
+                              "a win. The exercise defines each key.")
 def the_metrics_match_the_reference(dpo_fn):
     chosen, rejected, ref_chosen, ref_rejected = _dpo_inputs(20)
     chosen[0], ref_chosen[0], rejected[0], ref_rejected[0] = -5.0, -5.0, -7.0, -7.0  # a tie: both rewards 0
-    _check_dpo(dpo_fn, (chosen, rejected, ref_chosen, ref_rejected), 0.1, 0.0, "beta 0.1, one tie",
+    _check_dpo(dpo_fn, (chosen, rejected, ref_chosen, ref_rejected), 0.25, 0.0, "beta 0.25, one tie",
                check_metrics=True)
 
 
@@ -171,32 +202,50 @@ def _check_advantages(advantages_fn, rewards, num_generations, what):
     expect_close(np.asarray(got, np.float64), expected, rtol=1e-4, atol=1e-5, what=what)
 
 
-@group_advantages.case(points=2, hint="Rewards come prompt by prompt: the first num_generations belong to "
-                                      "prompt 0, the next to prompt 1. Subtract each group's mean and divide "
-                                      "by its sample standard deviation (ddof=1) plus 1e-6.")
+@group_advantages.case(points=2, hint="The advantages differ: check which rewards form a group (the exercise "
+                                      "says in what order they come) and which standard deviation it asks "
+                                      "for. See 'GRPO: reinforcement learning from a checker'.")
 def three_groups_of_four(advantages_fn):
     rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0], np.float32)
     _check_advantages(advantages_fn, rewards, 4, "advantages of 3 prompts x 4 completions")
 
 
 @group_advantages.case(hint="A group whose completions all earn the same reward teaches nothing: every "
-                            "advantage in it is 0 (not NaN, and not shifted by other groups' rewards).")
+                            "advantage in it should be 0, not NaN and not moved by the other groups.")
 def a_group_of_equal_rewards_has_zero_advantages(advantages_fn):
     rewards = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 0.0], np.float32)
     _check_advantages(advantages_fn, rewards, 3, "advantages when prompt 0's completions all score 1")
 
 
-@group_advantages.case(hint="With one completion per prompt there is nothing to compare with: raise "
-                            "ValueError naming num_generations, and the same when the rewards do not "
-                            "split into whole groups.")
+@group_advantages.case(hint="On rewards about 1e-5 apart the advantages differ. At this scale the 1e-6 that "
+                            "the formula adds to the standard deviation matters: add it as the formula does "
+                            "(not as a floor, nor only where the deviation is 0).")
+def the_epsilon_is_added_to_the_std(advantages_fn):
+    step = 2.0**-17  # 7.6e-6, exact in float32: a group's std is about as small as the 1e-6
+    rewards = np.array([0.0, 0.0, 0.0, step, step, 0.0, 2 * step, step], np.float32)
+    _check_advantages(advantages_fn, rewards, 4, "advantages of rewards about 1e-5 apart")
+
+
+def _expect_value_error(advantages_fn, rewards, num_generations):
+    try:
+        call_on_copies(advantages_fn, rewards, num_generations, what="compute_advantages")
+    except ValueError:
+        return
+    expect(False, f"compute_advantages({len(rewards)} rewards, num_generations={num_generations}) "
+                  "returned instead of raising ValueError")
+
+
+@group_advantages.case(hint="With fewer than two completions per prompt there is nothing to compare with: "
+                            "the exercise asks for a ValueError, for num_generations 1 and 0 alike.")
 def a_group_of_one_is_refused(advantages_fn):
-    for rewards, num_generations in ((np.ones(4, np.float32), 1), (np.ones(5, np.float32), 2)):
-        try:
-            call_on_copies(advantages_fn, rewards, num_generations, what="compute_advantages")
-        except ValueError:
-            continue
-        expect(False, f"compute_advantages({len(rewards)} rewards, num_generations={num_generations}) "
-                      "returned instead of raising ValueError")
+    _expect_value_error(advantages_fn, np.array([1.0, 0.0, 0.5, 1.0], np.float32), 1)
+    _expect_value_error(advantages_fn, np.array([1.0, 0.0, 0.5, 1.0], np.float32), 0)
+
+
+@group_advantages.case(hint="Rewards that do not split into whole groups are a caller's mistake to report, "
+                            "not a tail to drop: the exercise asks for a ValueError.")
+def rewards_that_do_not_split_into_groups_are_refused(advantages_fn):
+    _expect_value_error(advantages_fn, np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.5], np.float32), 3)
 
 
 # ---------------------------------------------------------------- 13.clipped_objective
@@ -221,26 +270,26 @@ def _check_policy_loss(loss_fn, inputs, epsilon, mode, what):
     expect_close(float(got), expected, rtol=1e-5, atol=1e-6, what=what)
 
 
-@clipped_objective.case(points=2, hint="ratio = exp(logps - old_logps); per token, the loss is the larger "
-                                       "(the pessimistic one) of -A * ratio and -A * clip(ratio, 1 - eps, "
-                                       "1 + eps). 'sequence-mean-token-mean' averages each completion over "
-                                       "its own tokens, then averages the completions.")
+@clipped_objective.case(points=2, hint="The loss differs in 'sequence-mean-token-mean' mode. Check the ratio "
+                                       "(new over old), which of the two per-token losses is kept, and that "
+                                       "each completion is averaged over its own tokens. See 'GRPO: "
+                                       "reinforcement learning from a checker'.")
 def sequence_mean_token_mean(loss_fn):
     _check_policy_loss(loss_fn, _policy_inputs(0), 0.2, "sequence-mean-token-mean",
                        "the loss with loss_agg_mode='sequence-mean-token-mean'")
 
 
-@clipped_objective.case(hint="'token-mean' sums the masked per-token losses of the whole batch and divides "
-                             "by the number of completion tokens, so long completions weigh more.")
+@clipped_objective.case(points=2, hint="The loss differs in 'token-mean' mode: every completion token of the "
+                                       "batch weighs the same, and padding is neither summed nor counted.")
 def token_mean(loss_fn):
     _check_policy_loss(loss_fn, _policy_inputs(10), 0.2, "token-mean",
                        "the loss with loss_agg_mode='token-mean'")
 
 
-@clipped_objective.case(hint="The clip only ever makes the objective more pessimistic: once a token's ratio "
-                             "has moved past 1 + eps in the direction its advantage favours, its gradient "
-                             "is 0; in the other direction it is never clipped. Use jax.numpy so jax.grad "
-                             "works.")
+@clipped_objective.case(hint="The gradient is 0 where it should not be, or the other way round: the clip "
+                             "may only make the objective more pessimistic, so it stops a token's gradient "
+                             "only where its ratio moved past the range in the direction its advantage "
+                             "favours. Use jax.numpy so jax.grad works.")
 def the_clip_stops_the_gradient_only_on_the_favoured_side(loss_fn):
     old = np.zeros((2, 2), np.float32)
     logps = np.array([[0.5, -0.5], [0.5, -0.5]], np.float32)  # ratios e^0.5 (past 1.2) and e^-0.5 (past 0.8)
@@ -254,8 +303,8 @@ def the_clip_stops_the_gradient_only_on_the_favoured_side(loss_fn):
            f"the clip is active ({expected_zero.tolist()}) and not 0 elsewhere")
 
 
-@clipped_objective.case(hint="Multiply by the completion mask before summing: a padded token's log-prob "
-                             "(here a huge one) must not change the loss.")
+@clipped_objective.case(hint="A padded token's log-prob (here a huge one) changed your loss: only "
+                             "completion tokens may count.")
 def padded_tokens_do_not_count(loss_fn):
     logps, old, advantages, mask = _policy_inputs(20)
     noisy = logps.copy()
@@ -266,6 +315,26 @@ def padded_tokens_do_not_count(loss_fn):
                                   what="policy_loss"))
     expect(abs(clean - padded) <= 1e-5 * max(1.0, abs(clean)),
            f"changing the log-probs of padded tokens changed the loss from {clean:.6f} to {padded:.6f}")
+
+
+@clipped_objective.case(points=2, hint="Empty completions (mask all 0) here. The exercise averages the "
+                                       "per-completion means over the completions that have any token, and "
+                                       "gives a batch without any completion token a loss of 0: no NaN.")
+def empty_completions_are_not_averaged_in(loss_fn):
+    logps, old, advantages, mask = _policy_inputs(30)
+    mask[2] = 0  # the model ended its answer at once
+    for mode in ("sequence-mean-token-mean", "token-mean"):
+        _check_policy_loss(loss_fn, (logps, old, advantages, mask), 0.2, mode,
+                           f"the loss with one empty completion, loss_agg_mode='{mode}'")
+        _check_policy_loss(loss_fn, (logps, old, advantages, 0 * mask), 0.2, mode,
+                           f"the loss when every completion is empty, loss_agg_mode='{mode}'")
+
+
+@clipped_objective.case(points=2, hint="This case passes epsilon=0.3, not 0.2: the clip range must come from "
+                                       "the epsilon argument.")
+def epsilon_is_the_argument(loss_fn):
+    _check_policy_loss(loss_fn, _policy_inputs(40), 0.3, "sequence-mean-token-mean",
+                       "the loss with epsilon=0.3")
 
 
 # ---------------------------------------------------------------- 13.kl_estimator
@@ -281,19 +350,19 @@ def _check_kl(kl_fn, method, what, seed):
     expect_close(np.asarray(got, np.float64), expected, rtol=1e-4, atol=1e-6, what=what)
 
 
-@kl_estimator.case(hint="'kl' (k1) is the log-ratio itself, logp - ref_logp, token by token: unbiased "
-                        "for samples from the policy, but negative half the time.")
+@kl_estimator.case(hint="'kl' (k1) differs: it is the log-ratio itself, signed (negative about half the "
+                        "time), one value per token. Check its sign against the exercise's d.")
 def k1(kl_fn):
     _check_kl(kl_fn, "kl", "method='kl'", 0)
 
 
-@kl_estimator.case(hint="'mse_kl' (k2) is half the squared log-ratio.")
+@kl_estimator.case(hint="'mse_kl' (k2) differs: compare your factor with the exercise's list.")
 def k2(kl_fn):
     _check_kl(kl_fn, "mse_kl", "method='mse_kl'", 10)
 
 
-@kl_estimator.case(points=2, hint="'low_var_kl' (k3) is r - 1 - log r with r = p_ref / p_policy = "
-                                  "exp(ref_logp - logp): never negative, 0 when they agree, and unbiased "
-                                  "for KL(policy || reference) on the policy's own samples.")
+@kl_estimator.case(points=2, hint="'low_var_kl' (k3) differs: check the direction of the log-ratio d (the "
+                                  "reference over the policy, as the exercise defines it) and every term "
+                                  "of the formula; it is 0 where the two log-probs agree.")
 def k3(kl_fn):
     _check_kl(kl_fn, "low_var_kl", "method='low_var_kl'", 20)
