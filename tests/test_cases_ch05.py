@@ -275,29 +275,265 @@ def pops_what_it_restores(target, saved):
     return restored
 
 
+def fsync_without_flush(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            os.fsync(file.fileno())  # the bytes are still in Python's buffer
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def fsync_before_writing(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            os.fsync(file.fileno())  # of an empty file
+            for chunk in chunks:
+                file.write(chunk)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def removes_the_target_first(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        path.unlink(missing_ok=True)  # for a moment there is no file at all
+        os.rename(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def cleans_up_only_after_an_exception(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except Exception:  # a KeyboardInterrupt leaves the temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def stops_at_an_empty_chunk(path, chunks):
+    remaining = iter(chunks)
+    atomic_write(path, iter(lambda: next(remaining, b""), b""))
+
+
+def deletes_the_target_on_failure(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        path.unlink(missing_ok=True)  # the wrong file
+        raise
+
+
+def returns_positions(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                      keep_checkpoints_without_metrics=True):
+    kept = retention.steps_to_keep(list(range(len(steps))), metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+    return kept if best_fn is not None else [steps[i] for i in kept]
+
+
+def returns_a_set(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                  keep_checkpoints_without_metrics=True):
+    return set(retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                       best_mode=best_mode,
+                                       keep_checkpoints_without_metrics=keep_checkpoints_without_metrics))
+
+
+def keeps_all_at_zero_with_best_fn(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                                   keep_checkpoints_without_metrics=True):
+    if max_to_keep == 0 and best_fn is not None:
+        return [s for s, m in zip(steps, metrics, strict=True)
+                if m is not None or keep_checkpoints_without_metrics]
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def zero_is_no_metric(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                      keep_checkpoints_without_metrics=True):
+    metrics = [m if m else None for m in metrics]  # a metric of 0.0 is taken for a missing one
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def ranks_even_a_few_steps(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                           keep_checkpoints_without_metrics=True):
+    if best_fn is not None and max_to_keep and not keep_checkpoints_without_metrics:
+        scored = [s for s, m in zip(steps, metrics, strict=True) if m is not None]  # skips the first rule
+        kept = retention.steps_to_keep(scored, [m for m in metrics if m is not None], max_to_keep=max_to_keep,
+                                       best_fn=best_fn, best_mode=best_mode)
+        return kept
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def unscored_count_towards_n(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                             keep_checkpoints_without_metrics=True):
+    if best_fn is None or max_to_keep is None or max_to_keep == 0 or len(steps) <= max_to_keep:
+        return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                       best_mode=best_mode)
+    unscored = [s for s, m in zip(steps, metrics, strict=True) if m is None]
+    unscored = unscored if keep_checkpoints_without_metrics else []
+    scored = [(s, m) for s, m in zip(steps, metrics, strict=True) if m is not None]
+    ranked = sorted(scored, key=lambda pair: best_fn(pair[1]), reverse=best_mode == "min")
+    room = max(max_to_keep - len(unscored), 0)  # the unscored steps take places among the N
+    keep = set(unscored) | {s for s, _ in ranked[len(ranked) - room:]}
+    return [s for s in steps if s in keep]
+
+
+class SnapshotInTheThread(AsyncSaver):
+    def save(self, tree):
+        self.wait_until_finished()
+        self.thread = threading.Thread(target=lambda: self._write(jax.tree.map(np.array, tree)))
+        self.thread.start()  # the copy happens later, in the thread
+
+
+class AsarraySnapshot(AsyncSaver):
+    def save(self, tree):
+        self.wait_until_finished()
+        snapshot = jax.tree.map(np.asarray, tree)  # np.asarray does not copy a NumPy array
+        self.thread = threading.Thread(target=self._write, args=(snapshot,))
+        self.thread.start()
+
+
+class WaitsOnlyInsideSave(AsyncSaver):
+    def save(self, tree):
+        if self.thread is not None:
+            self.thread.join()
+        self.thread = threading.Thread(target=self._write, args=(jax.tree.map(np.array, tree),))
+        self.thread.start()
+
+    def wait_until_finished(self):
+        self.thread.join()  # fails before the first save
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+class RaisesEveryTime(AsyncSaver):
+    def wait_until_finished(self):
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error  # never cleared
+
+
+class LooksForTheErrorBeforeJoining(AsyncSaver):
+    def wait_until_finished(self):
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if self.thread is not None:
+            self.thread.join()  # an error raised meanwhile waits for the next call
+            self.thread = None
+
+
+def ignores_the_targets_sharding(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restore_into(target, saved)  # the checks
+    leaves = []
+    for path, leaf in leaves_with_paths:
+        array = np.asarray(saved[jax.tree_util.keystr(path)]).astype(leaf.dtype)
+        leaves.append(jax.device_put(array) if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) else array)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def casts_only_jax_leaves(target, saved):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    restore_into(target, saved)  # the checks
+    leaves = []
+    for path, leaf in leaves_with_paths:
+        array = np.asarray(saved[jax.tree_util.keystr(path)])
+        is_jax = isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+        leaves.append(jax.device_put(array.astype(leaf.dtype), leaf.sharding) if is_jax else array)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def checks_shapes_only_when_no_path_is_missing(target, saved):
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(target)[0]]
+    missing = [p for p in paths if p not in saved] + [p for p in saved if p not in paths]
+    if missing:
+        raise ValueError(f"missing or extra paths: {missing}")
+    return restore_into(target, saved)
+
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("05.atomic_write", write_in_place, 1, "writes in place"),
-    ("05.atomic_write", without_fsync, 5, "no fsync"),
+    ("05.atomic_write", without_fsync, 7, "no fsync"),
+    ("05.atomic_write", fsync_without_flush, 7, "fsyncs before flushing Python's buffer"),
+    ("05.atomic_write", fsync_before_writing, 7, "fsyncs the empty file"),
     ("05.atomic_write", leaves_the_temporary_file, 5, "leaves the temporary file"),
-    ("05.atomic_write", temporary_file_elsewhere, 5, "writes the temporary file in another folder"),
-    ("05.atomic_write", swallows_the_error, 4, "swallows the exception"),
-    ("05.keep_n", always_max, 2, "ignores best_mode"),
-    ("05.keep_n", best_first, 3, "returns the kept steps best first"),
-    ("05.keep_n", keeps_all_at_zero, 5, "steps[-0:] keeps everything"),
-    ("05.keep_n", drops_unscored_in_place, 0, "prunes the caller's list"),
-    ("05.keep_n", ties_to_the_earlier, 5, "ties go to the earlier step"),
-    ("05.keep_n", drops_unscored, 5, "drops steps without metrics"),
-    ("05.async_save", Synchronous, 4, "writes synchronously"),
-    ("05.async_save", NoSnapshot, 5, "no snapshot"),
-    ("05.async_save", JoinsInSave, 5, "joins the thread inside save"),
-    ("05.async_save", SwallowsErrors, 6, "swallows errors"),
-    ("05.async_save", Overlapping, 6, "does not wait for the previous save"),
+    ("05.atomic_write", temporary_file_elsewhere, 7, "writes the temporary file in another folder"),
+    ("05.atomic_write", swallows_the_error, 6, "swallows the exception"),
+    ("05.atomic_write", removes_the_target_first, 7, "removes the old file before the rename"),
+    ("05.atomic_write", cleans_up_only_after_an_exception, 7, "an interrupt leaves the temporary file"),
+    ("05.atomic_write", stops_at_an_empty_chunk, 7, "takes an empty chunk for the end"),
+    ("05.atomic_write", deletes_the_target_on_failure, 4, "deletes the target, not the temporary file"),
+    ("05.keep_n", always_max, 3, "ignores best_mode"),
+    ("05.keep_n", best_first, 4, "returns the kept steps best first"),
+    ("05.keep_n", keeps_all_at_zero, 7, "steps[-0:] keeps everything"),
+    ("05.keep_n", keeps_all_at_zero_with_best_fn, 7, "max_to_keep=0 keeps everything with a best_fn"),
+    ("05.keep_n", drops_unscored_in_place, 1, "prunes the caller's list"),
+    ("05.keep_n", ties_to_the_earlier, 6, "ties go to the earlier step"),
+    ("05.keep_n", drops_unscored, 6, "drops steps without metrics"),
+    ("05.keep_n", returns_positions, 2, "returns positions in the list, not steps"),
+    ("05.keep_n", returns_a_set, 0, "returns a set"),
+    ("05.keep_n", zero_is_no_metric, 7, "takes a metric of 0 for a missing one"),
+    ("05.keep_n", ranks_even_a_few_steps, 7, "drops an unscored step when all steps fit"),
+    ("05.keep_n", unscored_count_towards_n, 6, "steps without metrics take places among the N"),
+    ("05.async_save", Synchronous, 5, "writes synchronously"),
+    ("05.async_save", NoSnapshot, 7, "no snapshot"),
+    ("05.async_save", SnapshotInTheThread, 7, "takes the snapshot in the thread"),
+    ("05.async_save", AsarraySnapshot, 7, "np.asarray, which does not copy"),
+    ("05.async_save", JoinsInSave, 7, "joins the thread inside save"),
+    ("05.async_save", SwallowsErrors, 7, "swallows errors"),
+    ("05.async_save", RaisesEveryTime, 7, "raises the error on every call"),
+    ("05.async_save", LooksForTheErrorBeforeJoining, 7, "looks for the error before the thread has ended"),
+    ("05.async_save", WaitsOnlyInsideSave, 8, "wait_until_finished fails before the first save"),
+    ("05.async_save", Overlapping, 7, "does not wait for the previous save"),
     ("05.restore_into", unchecked_restore, 1, "no casting, placing or checking"),
     ("05.restore_into", first_problem_only, 3, "names only the first problem"),
+    ("05.restore_into", checks_shapes_only_when_no_path_is_missing, 3, "names the shapes only when no path "
+                                                                       "is missing"),
     ("05.restore_into", numpy_for_shape_dtype_structs, 4, "a ShapeDtypeStruct target becomes a NumPy array"),
     ("05.restore_into", places_on_the_shardings_device, 4, "cannot place a target whose sharding is None"),
+    ("05.restore_into", ignores_the_targets_sharding, 4, "places every array on the default device"),
     ("05.restore_into", no_cast, 3, "does not cast, nor place a ShapeDtypeStruct"),
+    ("05.restore_into", casts_only_jax_leaves, 4, "does not cast NumPy leaves"),
     ("05.restore_into", pops_what_it_restores, 3, "empties the caller's dict"),
 ]
 
@@ -307,3 +543,19 @@ def test_a_planted_wrong_answer_loses_points(exercise_id, answer, points, why):
     result = grade(exercise_id, answer)
     assert result.points == points, [(c.name, c.status, c.message) for c in result.cases]
     assert result.points < result.max_points
+
+
+# (exercise, planted wrong answer, words its first failing case's message must hold)
+DIAGNOSED = [
+    ("05.keep_n", returns_positions, "positions in the list, not the steps"),
+    ("05.keep_n", always_max, "what the other best_mode keeps"),
+    ("05.async_save", LooksForTheErrorBeforeJoining, "before the thread had ended"),
+    ("05.atomic_write", fsync_without_flush, "still in Python's buffer"),
+    ("05.atomic_write", removes_the_target_first, "the old file was already gone"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, words", DIAGNOSED, ids=[d[2] for d in DIAGNOSED])
+def test_a_planted_wrong_answer_is_told_its_own_mistake(exercise_id, answer, words):
+    failed = [c for c in grade(exercise_id, answer).cases if c.points < c.max_points]
+    assert words in failed[0].message, failed[0].message

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stacklib import parallel
@@ -142,6 +143,74 @@ def tp_row_parallel_first(x, w1, b1, w2, b2, mesh):
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(x, w1, b1, w2, b2)
 
 
+def gather_into_a_float32_buffer(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape)).at[me].set(x)  # float32, whatever x's dtype
+    for step in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        blocks = blocks.at[(me - step) % n].set(x)
+    return blocks
+
+
+def gather_with_psum(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    return jax.lax.psum(jnp.zeros((n, *x.shape), x.dtype).at[me].set(x), axis_name)
+
+
+def gather_forwarding_its_own_block(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, n):
+        received = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])  # x, every time
+        blocks = blocks.at[(me - step) % n].set(received)
+    return blocks
+
+
+def dp_fixed_learning_rate(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.pmean(linear_loss(p, x, y), "data"))(params)
+    return sgd(params, grads, 0.05), loss
+
+
+def dp_updates_only_w(params, x, y, learning_rate):
+    loss, grads = jax.value_and_grad(lambda p: jax.lax.pmean(linear_loss(p, x, y), "data"))(params)
+    return {"w": params["w"] - learning_rate * grads["w"], "b": params["b"]}, loss
+
+
+def dp_loss_after_the_step(params, x, y, learning_rate):
+    def global_loss(p):
+        return jax.lax.pmean(linear_loss(p, x, y), "data")
+
+    new_params = sgd(params, jax.grad(global_loss)(params), learning_rate)
+    return new_params, global_loss(new_params)
+
+
+def tp_pmean(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.lax.pmean(jax.nn.relu(x @ w1 + b1) @ w2, "model") + b2  # a mean of partial sums
+
+    return jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P())(x, w1, b1, w2, b2)
+
+
+def tp_gather_the_weights(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        w1 = jax.lax.all_gather(w1, "model", axis=1, tiled=True)
+        b1 = jax.lax.all_gather(b1, "model", tiled=True)
+        w2 = jax.lax.all_gather(w2, "model", axis=0, tiled=True)
+        return jax.nn.relu(x @ w1 + b1) @ w2 + b2
+
+    gathered = jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P(), check_vma=False)
+    return gathered(x, w1, b1, w2, b2)
+
+
+def tp_without_shard_map(x, w1, b1, w2, b2, mesh):
+    def place(array, spec):
+        return jax.lax.with_sharding_constraint(array, NamedSharding(mesh, spec))
+
+    w1, b1, w2 = place(w1, P(None, "model")), place(b1, P("model")), place(w2, P("model", None))
+    return jax.nn.relu(x @ w1 + b1) @ w2 + b2  # the compiler partitions it: right, but not the exercise
+
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("07.all_reduce_time", lambda v, n, w, a: (n - 1) * (a + v / n / w), 1, "a reduce-scatter only"),
@@ -149,19 +218,30 @@ WRONG = [
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * v / n / w, 3, "forgets the latency"),
     ("07.all_reduce_time", lambda v, n, w, a: a + 2 * (n - 1) * v / n / w, 2, "pays the latency once"),
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * (a + v / w), 1, "every hop carries all V bytes"),
-    ("07.ring_all_gather", gather_with_lax, 3, "calls jax.lax.all_gather"),
-    ("07.ring_all_gather", gather_placed_backwards, 1, "puts received blocks at me + step"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * n * (a + v / n / w), 0, "N hops per phase, not N - 1"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * (a + v // n / w), 3, "chunks of V // N bytes"),
+    ("07.ring_all_gather", gather_with_lax, 0, "calls jax.lax.all_gather"),
+    ("07.ring_all_gather", gather_with_psum, 0, "sums one-hot rows with psum"),
+    ("07.ring_all_gather", gather_placed_backwards, 0, "puts received blocks at me + step"),
     ("07.ring_all_gather", gather_for_four_devices, 3, "hard-codes 4 devices"),
-    ("07.ring_all_gather", gather_tiled, 1, "concatenates the blocks instead of stacking them"),
+    ("07.ring_all_gather", gather_tiled, 0, "concatenates the blocks instead of stacking them"),
+    ("07.ring_all_gather", gather_into_a_float32_buffer, 3, "returns float32 whatever x's dtype"),
+    ("07.ring_all_gather", gather_forwarding_its_own_block, 0, "forwards its own block at every hop"),
     ("07.dp_step", dp_average_local_gradients, 1, "pmean of local gradients is N times too large"),
     ("07.dp_step", dp_psum_over_eight, 3, "divides by a hard-coded 8"),
     ("07.dp_step", dp_psum_loss, 0, "psum instead of pmean"),
     ("07.dp_step", dp_no_communication, 0, "no collective at all"),
     ("07.dp_step", dp_wrong_sign, 1, "steps up the gradient"),
-    ("07.tp_mlp", tp_bias_before_psum, 2, "adds b2 on every device"),
+    ("07.dp_step", dp_fixed_learning_rate, 3, "ignores the learning_rate argument"),
+    ("07.dp_step", dp_updates_only_w, 1, "never updates b"),
+    ("07.dp_step", dp_loss_after_the_step, 3, "returns the loss after the step"),
+    ("07.tp_mlp", tp_bias_before_psum, 3, "adds b2 on every device"),
     ("07.tp_mlp", tp_replicated, 3, "no tensor parallelism"),
     ("07.tp_mlp", tp_gather_hidden, 3, "all-gathers the hidden layer"),
     ("07.tp_mlp", tp_row_parallel_first, 0, "applies relu to partial sums"),
+    ("07.tp_mlp", tp_pmean, 3, "pmean, not psum"),
+    ("07.tp_mlp", tp_gather_the_weights, 4, "all-gathers the weights"),
+    ("07.tp_mlp", tp_without_shard_map, 5, "sharding constraints instead of shard_map"),
 ]
 
 
@@ -177,3 +257,20 @@ def test_a_case_on_too_few_devices_says_how_to_get_more(monkeypatch):
     result = grade("07.tp_mlp", tp_mlp)
     assert result.points == 0
     assert "simulate_cpu_devices(8)" in result.cases[0].message
+
+
+# (exercise, planted wrong answer, words its first failing case's message must hold)
+DIAGNOSED = [
+    ("07.dp_step", dp_average_local_gradients, "a step 8 times too long"),
+    ("07.dp_step", dp_wrong_sign, "moved up the gradient"),
+    ("07.dp_step", dp_loss_after_the_step, "the loss on 8 devices"),
+    ("07.tp_mlp", tp_bias_before_psum, "b2 added 2 times"),
+    ("07.tp_mlp", tp_pmean, "a mean, not a sum"),
+    ("07.ring_all_gather", gather_with_lax, "build the all-gather from jax.lax.ppermute alone"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, words", DIAGNOSED, ids=[d[2] for d in DIAGNOSED])
+def test_a_planted_wrong_answer_is_told_its_own_mistake(exercise_id, answer, words):
+    failed = [c for c in grade(exercise_id, answer).cases if c.points < c.max_points]
+    assert words in failed[0].message, failed[0].message

@@ -1,5 +1,7 @@
 """Chapter 08's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import dataclasses
+import itertools
 import statistics
 import time
 from time import perf_counter
@@ -195,30 +197,99 @@ def wall_clock(fn, *args, repeats=10):
     return statistics.median(seconds)
 
 
+def groupby_without_sorting(events, module):
+    mine = [e for e in events if e.module == module]
+    totals = {name: sum(e.duration_us for e in group)  # a later group of the same op replaces an earlier one
+              for name, group in itertools.groupby(mine, key=lambda e: e.name)}
+    return max(totals, key=totals.get)
+
+
+def the_first_stretch_of_the_module(events, module):
+    for name, group in itertools.groupby(events, key=lambda e: e.module):
+        if name == module:  # stops at the module's first run of contiguous events
+            return top_op(list(group), module)
+    raise ValueError(module)
+
+
+def the_name_that_sorts_last(events, module):
+    return max(name for name in {e.name for e in events if e.module == module})
+
+
+def most_time_in_one_run(events, module):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            key = (event.name, event.run_id)
+            totals[key] = totals.get(key, 0.0) + event.duration_us
+    return max(totals, key=totals.get)[0]
+
+
+def modules_that_contain_the_name(events, module):
+    widened = [dataclasses.replace(e, module=module) if module in e.module else e for e in events]
+    return top_op(widened, module)
+
+
+def weights_gradients_only(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    return 2 * forward_only(batch, d_in, d_hidden, d_out, step_seconds, peak_flops)
+
+
+def slowest_op_only(costs, peak_flops, peak_bandwidth):
+    return max(max(f / peak_flops, b / peak_bandwidth) for f, b in costs.values())
+
+
+def upper_median(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return sorted(seconds)[repeats // 2]
+
+
+def warm_up_among_the_timings(fn, *args, repeats=10):
+    seconds = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("08.top_op", longest_single_event, 2, "the longest single event, not the largest total"),
-    ("08.top_op", first_event_of_the_module, 2, "the first event of the module"),
-    ("08.top_op", most_calls, 2, "the op with the most calls"),
+    ("08.top_op", first_event_of_the_module, 0, "the first event of the module"),
+    ("08.top_op", most_calls, 0, "the op with the most calls"),
     ("08.top_op", longest_mean, 2, "the op with the longest mean"),
-    ("08.top_op", ignores_module, 3, "sums every module's ops"),
-    ("08.top_op", uses_op_table, 5, "calls op_table"),
+    ("08.top_op", ignores_module, 2, "sums every module's ops"),
+    ("08.top_op", uses_op_table, 0, "calls op_table"),
     ("08.top_op", sorts_the_callers_list, 0, "sorts the caller's list in place"),
+    ("08.top_op", groupby_without_sorting, 4, "groupby without sorting keeps the last group"),
+    ("08.top_op", the_first_stretch_of_the_module, 2, "stops at the module's first stretch of events"),
+    ("08.top_op", the_name_that_sorts_last, 2, "max of the names"),
+    ("08.top_op", most_time_in_one_run, 4, "the most time within one run"),
+    ("08.top_op", modules_that_contain_the_name, 4, "counts modules whose name contains the one asked for"),
     ("08.mlp_mfu", six_n_d, 1, "6 x params x tokens counts a gradient into the data"),
     ("08.mlp_mfu", forward_only, 1, "forward matmuls only"),
-    ("08.mlp_mfu", times_the_time, 2, "multiplies by the time instead of dividing"),
+    ("08.mlp_mfu", weights_gradients_only, 1, "no gradient into the first layer's output"),
+    ("08.mlp_mfu", times_the_time, 0, "multiplies by the time instead of dividing"),
     ("08.mlp_mfu", in_percent, 1, "a percentage, not a fraction"),
     ("08.roofline_time", max_of_sums, 1, "max of the sums lets compute hide memory"),
     ("08.roofline_time", sum_of_both_terms, 0, "adds each op's compute and memory time"),
     ("08.roofline_time", lambda c, p, w: sum(f / p for f, _ in c.values()), 0, "ignores the bytes"),
+    ("08.roofline_time", slowest_op_only, 1, "only the slowest op's bound"),
     ("08.step_time", no_block, 0, "stops the clock before the work is done"),
     ("08.step_time", no_warmup, 0, "times the compilation too"),
     ("08.step_time", in_milliseconds, 0, "milliseconds"),
-    ("08.step_time", the_mean, 5, "the mean, not the median"),
-    ("08.step_time", the_fastest, 5, "the fastest call, not the median"),
+    ("08.step_time", the_mean, 6, "the mean, not the median"),
+    ("08.step_time", the_fastest, 6, "the fastest call, not the median"),
     ("08.step_time", ten_calls_always, 0, "ignores repeats"),
-    ("08.step_time", unblocked_warm_up, 6, "does not wait for the warm-up"),
+    ("08.step_time", unblocked_warm_up, 7, "does not wait for the warm-up"),
     ("08.step_time", wall_clock, 0, "time.time, which the check cannot control"),
+    ("08.step_time", upper_median, 8, "the upper middle time of an even number"),
+    ("08.step_time", warm_up_among_the_timings, 4, "times the warm-up call too"),
 ]
 
 
@@ -239,6 +310,11 @@ DIAGNOSED = [
     ("08.step_time", wall_clock, "never read time.perf_counter()"),
     ("08.roofline_time", sum_of_both_terms, "added each op's compute time and memory time"),
     ("08.roofline_time", max_of_sums, "took the max of the summed"),
+    ("08.top_op", longest_single_event, "the op picked by the longest single execution"),
+    ("08.mlp_mfu", six_n_d, "6 x parameters x tokens"),
+    ("08.mlp_mfu", weights_gradients_only, "not the gradient that flows from the second layer"),
+    ("08.mlp_mfu", in_percent, "that is a percentage"),
+    ("08.step_time", upper_median, "the higher of the two middle times"),
     ("08.top_op", sorts_the_callers_list, "changed its input in place"),
     ("08.top_op", uses_op_table, "called stacklib.profile.op_table"),
 ]

@@ -1,5 +1,6 @@
 """Chapter 05 exercises: an atomic write, keep-N, an asynchronous saver, restoring into a target."""
 
+import contextlib
 import os
 import pathlib
 import tempfile
@@ -9,6 +10,8 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from stacklib.checkpoint import retention
 from stacklib.grading import Exercise, call_on_copies, expect, expect_equal
@@ -16,6 +19,7 @@ from stacklib.grading import Exercise, call_on_copies, expect, expect_equal
 # 05.atomic_write ------------------------------------------------------------------------
 
 atomic_write = Exercise("05.atomic_write", "Write a file so that a crash never leaves it half-written")
+_ATOMIC = "the chapter's section 'Atomic commits: write aside, fsync, rename'"
 
 
 class _Killed(Exception):
@@ -27,17 +31,45 @@ def _crashing_chunks():
     raise _Killed("the process was killed here")
 
 
-@atomic_write.case(hint="Write every chunk, in order.")
+def _interrupted_chunks():
+    yield b"new content, first half; "
+    raise KeyboardInterrupt  # the user pressed Ctrl-C: not an Exception, but the write failed all the same
+
+
+@contextlib.contextmanager
+def _watched_file_calls(path, events):
+    """Record each fsync (with the bytes its file held) and each rename (with what `path` held then)."""
+    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+    def fsync(descriptor):
+        events.append(("fsync", os.fstat(descriptor).st_size))
+        return real_fsync(descriptor)
+
+    def renamed_by(real):
+        def rename(source, destination):
+            held = path.read_bytes() if path.exists() else None
+            events.append(("rename", pathlib.Path(source).parent, pathlib.Path(destination), held))
+            return real(source, destination)
+        return rename
+
+    with mock.patch("os.fsync", fsync), mock.patch("os.replace", renamed_by(real_replace)), \
+            mock.patch("os.rename", renamed_by(real_rename)):
+        yield
+
+
+@atomic_write.case(hint="Write every chunk, in order, and leave only the target in the folder.")
 def writes_the_content(write):
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "state.bin"
         write(path, [b"abc", b"", b"def" * 1000])
-        expect(path.read_bytes() == b"abc" + b"def" * 1000, "the file does not hold the chunks in order")
+        content, expected = path.read_bytes(), b"abc" + b"def" * 1000
+        expect(content == expected, f"the file holds {len(content)} bytes starting {content[:9]!r}; expected "
+                                    f"the {len(expected)} bytes of the chunks b'abc', b'' and b'def' * 1000")
         expect(sorted(os.listdir(folder)) == ["state.bin"], f"the folder holds {sorted(os.listdir(folder))}")
 
 
-@atomic_write.case(points=2, hint="Write into a temporary file in the same folder and os.replace it over the "
-                                  "target only after the last chunk.")
+@atomic_write.case(points=2, hint=f"The old file must stay whole until the new one is complete: see "
+                                   f"{_ATOMIC}.")
 def a_crash_keeps_the_old_file(write):
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "state.bin"
@@ -48,11 +80,12 @@ def a_crash_keeps_the_old_file(write):
             pass
         else:
             expect(False, "the exception from the chunks did not propagate out of atomic_write")
+        expect(path.exists(), "after the crash the old file is gone")
         content = path.read_bytes()
         expect(content == b"old content", f"after the crash the file holds {content[:40]!r}")
 
 
-@atomic_write.case(hint="Remove the temporary file if writing fails (try/except, then re-raise).")
+@atomic_write.case(hint="A failed write must clean up after itself (step 4 of the exercise).")
 def a_failed_write_leaves_no_temporary_file(write):
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "state.bin"
@@ -64,7 +97,22 @@ def a_failed_write_leaves_no_temporary_file(write):
         expect(left == [], f"after a failed write of a new file the folder holds {left}")
 
 
-@atomic_write.case(hint="The target must not exist while the chunks are being written.")
+@atomic_write.case(hint="The cleanup of step 4 must run too when KeyboardInterrupt stops the write, and "
+                        "KeyboardInterrupt is not an Exception.")
+def an_interrupted_write_leaves_no_temporary_file(write):
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "state.bin"
+        try:
+            write(path, _interrupted_chunks())
+        except KeyboardInterrupt:
+            pass
+        else:
+            expect(False, "the KeyboardInterrupt from the chunks did not propagate out of atomic_write")
+        left = sorted(os.listdir(folder))
+        expect(left == [], f"after a write stopped by KeyboardInterrupt the folder holds {left}")
+
+
+@atomic_write.case(hint=f"Readers look only at the target's name: see {_ATOMIC}.")
 def the_target_appears_only_when_complete(write):
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "state.bin"
@@ -79,31 +127,38 @@ def the_target_appears_only_when_complete(write):
         expect(not any(seen), "the target existed (partly written) while chunks were still coming")
 
 
-@atomic_write.case(hint="Call os.fsync(file.fileno()) after the last write, before os.replace.")
-def fsyncs_before_renaming(write):
+@atomic_write.case(hint=f"A reader must find the old file until the new one takes its name: see {_ATOMIC}.")
+def the_old_file_stays_until_the_rename_replaces_it(write):
     events = []
-    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
-
-    def fsync(descriptor):
-        events.append("fsync")
-        return real_fsync(descriptor)
-
-    def replace(source, destination):
-        events.append(("rename", pathlib.Path(source).parent, pathlib.Path(destination)))
-        return real_replace(source, destination)
-
-    def rename(source, destination):
-        events.append(("rename", pathlib.Path(source).parent, pathlib.Path(destination)))
-        return real_rename(source, destination)
-
-    with tempfile.TemporaryDirectory() as folder, mock.patch("os.fsync", fsync), \
-            mock.patch("os.replace", replace), mock.patch("os.rename", rename):
+    with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "state.bin"
-        write(path, [b"data"])
-    renames = [i for i, event in enumerate(events) if event != "fsync"]
+        path.write_bytes(b"old content")
+        with _watched_file_calls(path, events):
+            write(path, [b"new content"])
+    renames = [event for event in events if event[0] == "rename"]
     expect(renames, "no os.replace or os.rename: how does the complete file get its name?")
-    expect("fsync" in events[:renames[0]], "the data is not fsynced before the rename")
-    _, source_folder, destination = events[renames[0]]
+    expect(renames[0][3] == b"old content",
+           "when the new file was renamed onto the target, the old file was already gone: in between, a "
+           "reader (or a crash) finds no file at all. os.replace replaces the old file in one step")
+
+
+@atomic_write.case(hint=f"The bytes must be on the disk before the file gets its name: see {_ATOMIC} "
+                        "(and Python's own write buffer).")
+def fsyncs_the_whole_file_before_renaming(write):
+    content = b"forty bytes of checkpoint data, in full."
+    events = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "state.bin"
+        with _watched_file_calls(path, events):
+            write(path, [content])
+    renames = [i for i, event in enumerate(events) if event[0] == "rename"]
+    expect(renames, "no os.replace or os.rename: how does the complete file get its name?")
+    synced = [size for kind, size, *_ in events[:renames[0]] if kind == "fsync"]
+    expect(synced, "the data is not fsynced before the rename")
+    expect(len(content) in synced,
+           f"the file was fsynced while it held {max(synced)} of its {len(content)} bytes: the rest was "
+           "still in Python's buffer (or not written yet), so fsync could not make it durable")
+    _, source_folder, destination, _ = events[renames[0]]
     expect(destination == path and source_folder == path.parent,
            "rename a file from the target's own folder onto the target (a rename is atomic only "
            "within one file system)")
@@ -112,60 +167,93 @@ def fsyncs_before_renaming(write):
 # 05.keep_n ------------------------------------------------------------------------------
 
 keep_n = Exercise("05.keep_n", "Which checkpoints to keep: the latest N or the best N")
+_KEEP = "the chapter's section 'Which steps to save and keep'"
 
 
 def _loss(metrics):
     return metrics["loss"]
 
 
+def accuracy(metric):  # for metrics that are plain numbers
+    return metric
+
+
 def _expect_kept(keep, steps, metrics, **options):
     expected = retention.steps_to_keep(steps, metrics, **options)
     got = call_on_copies(keep, list(steps), list(metrics), what="steps_to_keep", **options)
     shown = {k: getattr(v, "__name__", v) for k, v in options.items()}
-    expect(list(got) == expected,
-           f"steps {list(steps)}, {shown}: expected to keep {expected}, got {list(got)}")
+    expect(isinstance(got, list | tuple), f"expected a list of steps, got {type(got).__name__} {got!r:.60}")
+    got = list(got)
+    if got == expected:
+        return
+    diagnosis = ""
+    if got == [list(steps).index(step) for step in expected]:
+        diagnosis = ": those are the kept steps' positions in the list, not the steps"
+    elif options.get("best_fn") and got == retention.steps_to_keep(
+            steps, metrics, **{**options, "best_mode": {"min": "max", "max": "min"}[options["best_mode"]]}):
+        diagnosis = ": that is what the other best_mode keeps"
+    expect(False, f"steps {list(steps)}, metrics {list(metrics)}, {shown}: expected to keep {expected}, "
+                  f"got {got}{diagnosis}")
 
 
-@keep_n.case(hint="Without best_fn keep the last max_to_keep steps; None keeps all.")
+@keep_n.case(hint=f"Without best_fn the newest steps are kept; None keeps all. See {_KEEP}.")
 def keeps_the_latest_n(keep):
     steps = [0, 5, 10, 15, 20]
     for n in (None, 1, 3, 5, 9):
         _expect_kept(keep, steps, [None] * 5, max_to_keep=n)
 
 
-@keep_n.case(points=2, hint="Rank the steps that have metrics by best_fn(metrics): the highest for 'max', "
-                            "the lowest for 'min'.")
+@keep_n.case(points=2, hint=f"With best_fn, rank the steps that have metrics by best_fn(metrics), in "
+                             f"the direction best_mode says. See {_KEEP}.")
 def keeps_the_best_n_in_both_modes(keep):
-    steps = list(range(6))
+    steps = [100, 200, 300, 400, 500, 600]
     metrics = [{"loss": v} for v in (0.9, 0.2, 0.5, 0.7, 0.1, 0.95)]
     for mode in ("min", "max"):
         _expect_kept(keep, steps, metrics, max_to_keep=2, best_fn=_loss, best_mode=mode)
 
 
-@keep_n.case(hint="On ties, keep the later step (sort stably, then take the last max_to_keep).")
+@keep_n.case(hint="On ties the later step wins; the exercise says how to get that from a stable sort.")
 def ties_go_to_the_later_step(keep):
     for mode, losses in (("min", (0.3, 0.5, 0.3, 0.5, 0.3)), ("max", (0.5, 0.3, 0.5, 0.3, 0.5))):
         metrics = [{"loss": v} for v in losses]  # three steps tie for best; two are kept
-        _expect_kept(keep, list(range(5)), metrics, max_to_keep=2, best_fn=_loss, best_mode=mode)
+        _expect_kept(keep, [10, 20, 30, 40, 50], metrics, max_to_keep=2, best_fn=_loss, best_mode=mode)
 
 
-@keep_n.case(hint="Steps saved without metrics (None) are kept unless "
-                  "keep_checkpoints_without_metrics=False.")
+@keep_n.case(hint="Steps saved without metrics (None) do not count towards max_to_keep, and are kept "
+                  "unless keep_checkpoints_without_metrics=False.")
 def steps_without_metrics_are_kept_unless_told(keep):
     metrics = [{"loss": 0.4}, None, {"loss": 0.2}, {"loss": 0.3}, None]
     for flag in (True, False):
-        _expect_kept(keep, list(range(5)), metrics, max_to_keep=1, best_fn=_loss, best_mode="min",
+        _expect_kept(keep, [2, 4, 6, 8, 10], metrics, max_to_keep=1, best_fn=_loss, best_mode="min",
                      keep_checkpoints_without_metrics=flag)
 
 
-@keep_n.case(hint="max_to_keep=0 keeps nothing.")
+@keep_n.case(hint="A metric that is 0 is still a metric: only None means 'saved without metrics'.")
+def a_metric_of_zero_is_still_a_metric(keep):
+    metrics = [0.0, 0.5, 0.0, 0.25, None]
+    for mode in ("max", "min"):
+        _expect_kept(keep, [1, 2, 3, 4, 5], metrics, max_to_keep=2, best_fn=accuracy, best_mode=mode)
+
+
+@keep_n.case(hint="The first rule comes first: with at most max_to_keep steps, every step is kept, "
+                  "with or without metrics.")
+def at_most_max_to_keep_steps_are_all_kept(keep):
+    metrics = [{"loss": 0.4}, None, {"loss": 0.2}]
+    _expect_kept(keep, [3, 6, 9], metrics, max_to_keep=3, best_fn=_loss, best_mode="min",
+                 keep_checkpoints_without_metrics=False)
+
+
+@keep_n.case(hint="max_to_keep=0 keeps nothing, with or without best_fn.")
 def keeping_zero_keeps_nothing(keep):
     _expect_kept(keep, [1, 2, 3], [None] * 3, max_to_keep=0)
+    _expect_kept(keep, [1, 2, 3], [{"loss": 0.5}, None, {"loss": 0.1}], max_to_keep=0, best_fn=_loss,
+                 best_mode="min")
 
 
 # 05.async_save --------------------------------------------------------------------------
 
 async_save = Exercise("05.async_save", "An asynchronous saver: snapshot on the caller, write in a thread")
+_ASYNC = "the chapter's section 'Asynchronous saves'"
 
 # No case here reads a clock: each one holds the write in the saver's thread on an Event
 # until it has looked at what save() did, so a right answer passes and a wrong one fails
@@ -191,19 +279,51 @@ def _held_write(release, written):
     return write
 
 
-@async_save.case(hint="save(tree) starts a thread that calls write_fn(snapshot); "
-                      "wait_until_finished joins it.")
+@contextlib.contextmanager
+def _threads_held_until(gate):
+    """Threads started inside the block run only once `gate` is set, or once someone joins them.
+
+    The thread's whole run waits, not only write_fn, so a snapshot taken inside the thread is
+    taken after the case has changed the tree: the case sees that on every run. A save() that
+    joins its own thread opens the gate; one that waits for it some other way is slow (the
+    wait is bounded), not stuck.
+    """
+    real_start, real_join = threading.Thread.start, threading.Thread.join
+
+    def start(thread):
+        run = thread.run
+
+        def held_run():
+            gate.wait(_BLOCKED_WRITE_S)
+            run()
+
+        thread.run = held_run
+        real_start(thread)
+
+    def join(thread, timeout=None):
+        gate.set()
+        return real_join(thread, timeout)
+
+    with mock.patch.object(threading.Thread, "start", start), \
+            mock.patch.object(threading.Thread, "join", join):
+        yield
+
+
+@async_save.case(hint="save() hands the snapshot to a thread that calls write_fn once; "
+                      "wait_until_finished() waits for that thread, and has nothing to wait for before "
+                      "the first save.")
 def writes_what_was_saved(AsyncSaver):
     written = []
     saver = AsyncSaver(written.append)
+    saver.wait_until_finished()  # nothing saved yet: returns at once
     saver.save(_tree())
     saver.wait_until_finished()
     expect(len(written) == 1, f"write_fn was called {len(written)} times for one save")
     expect_equal(written[0], _tree(), what="the written tree")
 
 
-@async_save.case(points=2, time_limit_s=20, hint="Do the writing in a threading.Thread; save() returns right "
-                                                 "after starting it.")
+@async_save.case(points=2, time_limit_s=20, hint=f"save() must return while the write is still running: "
+                                                 f"see {_ASYNC}.")
 def save_returns_before_the_write_finishes(AsyncSaver):
     release, written = threading.Event(), []
     saver = AsyncSaver(_held_write(release, written))
@@ -218,21 +338,25 @@ def save_returns_before_the_write_finishes(AsyncSaver):
     expect(len(written) == 1, "after wait_until_finished the write has not happened")
 
 
-@async_save.case(points=2, time_limit_s=20, hint="Copy every leaf on the caller "
-                                                 "(jax.tree.map(np.array, tree)) before starting the thread.")
+@async_save.case(points=2, time_limit_s=20, hint=f"The caller may change its arrays as soon as save() "
+                                                 f"returns: by then the snapshot must be a complete copy, "
+                                                 f"made on the caller's thread. See {_ASYNC}.")
 def the_snapshot_is_taken_when_save_returns(AsyncSaver):
-    release, written = threading.Event(), []
+    gate, written = threading.Event(), []
     tree = _tree()
-    saver = AsyncSaver(_held_write(release, written))
-    saver.save(tree)
+    saver = AsyncSaver(written.append)
+    with _threads_held_until(gate):
+        saver.save(tree)
     tree["w"] += 100.0  # the next training step changes the weights in place
-    release.set()
+    tree["b"][1][:] = 7.0
+    gate.set()
     saver.wait_until_finished()
     expect(len(written) == 1, f"write_fn was called {len(written)} times for one save")
-    expect_equal(written[0][1], _tree(), what="the written tree (it must not see changes made after save)")
+    expect_equal(written[0], _tree(), what="the written tree (it must not see changes made after save)")
 
 
-@async_save.case(time_limit_s=20, hint="Before starting a new write, wait for the previous one.")
+@async_save.case(points=2, time_limit_s=20, hint=f"A save must not start while the previous one is still "
+                                                 f"writing: see {_ASYNC}.")
 def saves_never_overlap(AsyncSaver):
     lock, second_started = threading.Lock(), threading.Event()
     running, overlapped, order = [], [], []
@@ -260,26 +384,41 @@ def saves_never_overlap(AsyncSaver):
     expect(order == [1.0, 2.0, 3.0], f"the writes happened in the order {order}, not 1, 2, 3")
 
 
-@async_save.case(hint="Catch the exception in the thread, keep it, and raise it (once) in "
-                      "wait_until_finished.")
+@async_save.case(points=2, time_limit_s=20, hint="An exception in a thread is lost unless the thread keeps "
+                                                 "it; wait_until_finished() raises it once the thread has "
+                                                 "ended, and only once.")
 def a_failed_write_is_raised_by_wait_until_finished(AsyncSaver):
+    joined = threading.Event()
+    caller = threading.current_thread()
+
     def failing_write(tree):
+        if threading.current_thread() is not caller:
+            joined.wait(_BLOCKED_WRITE_S)  # fails only once someone waits for the thread
         raise OSError(28, "No space left on device")
 
-    saver = AsyncSaver(failing_write)
-    saver.save(_tree())
-    try:
-        saver.wait_until_finished()
-    except OSError:
-        pass
-    else:
-        expect(False, "the write failed, but wait_until_finished did not raise its OSError")
+    real_join = threading.Thread.join
+
+    def join(thread, timeout=None):
+        joined.set()
+        return real_join(thread, timeout)
+
+    with mock.patch.object(threading.Thread, "join", join):
+        saver = AsyncSaver(failing_write)
+        saver.save(_tree())
+        try:
+            saver.wait_until_finished()
+        except OSError:
+            pass
+        else:
+            expect(False, "the write failed, but wait_until_finished did not raise its OSError (did it look "
+                          "for the error before the thread had ended?)")
     saver.wait_until_finished()  # reported once; must not raise again
 
 
 # 05.restore_into ------------------------------------------------------------------------
 
 restore_into = Exercise("05.restore_into", "Restore saved arrays into a target structure")
+_RESTORE = "the chapter's section 'Restoring into a target: shapes, dtypes, shardings'"
 
 
 def _saved(tree):
@@ -287,8 +426,8 @@ def _saved(tree):
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-@restore_into.case(hint="Flatten the target with jax.tree_util.tree_flatten_with_path, look each leaf up by "
-                        "keystr(path), and unflatten with the target's treedef.")
+@restore_into.case(hint="The result has the target's structure (dicts, lists, tuples), its leaves found "
+                        "in `saved` by their keystr path.")
 def rebuilds_the_targets_structure(restore):
     tree = {"layers": [{"w": jnp.ones((2, 2))}, {"w": jnp.full((2, 1), 3.0)}], "step": (jnp.int32(4),)}
     got = call_on_copies(restore, tree, _saved(tree), what="restore_into")
@@ -298,7 +437,8 @@ def rebuilds_the_targets_structure(restore):
                  [np.asarray(x) for x in jax.tree.leaves(tree)])
 
 
-@restore_into.case(hint="Cast each array to the target leaf's dtype; NumPy target leaves stay NumPy arrays.")
+@restore_into.case(hint=f"Each leaf takes the target's dtype; a NumPy target leaf stays a NumPy array. See "
+                        f"{_RESTORE}.")
 def casts_to_the_target_dtype_and_keeps_numpy_leaves(restore):
     saved = _saved({"w": np.linspace(0, 1, 5, dtype=np.float32), "host": np.arange(3, dtype=np.int64)})
     target = {"w": jnp.zeros(5, jnp.bfloat16), "host": np.zeros(3, np.int32)}
@@ -307,14 +447,15 @@ def casts_to_the_target_dtype_and_keeps_numpy_leaves(restore):
            f"['w']: expected a bfloat16 jax array, got {type(got['w']).__name__} "
            f"of {np.asarray(got['w']).dtype}")
     expect(isinstance(got["host"], np.ndarray) and got["host"].dtype == np.int32,
-           f"['host']: expected an int32 NumPy array, got {type(got['host']).__name__}")
+           f"['host']: expected an int32 NumPy array, got {type(got['host']).__name__} "
+           f"of {np.asarray(got['host']).dtype}")
 
 
-@restore_into.case(hint="For a jax.ShapeDtypeStruct (or jax array) target, "
-                        "jax.device_put(array, target.sharding); a sharding of None means the default "
-                        "device, which jax.device_put(array, None) gives.")
+@restore_into.case(hint="The target says where each jax leaf lives: place it with the target leaf's own "
+                        "sharding, not the default one (a sharding of None means the default device).")
 def shape_dtype_struct_targets_become_arrays_with_the_targets_sharding(restore):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.devices()[0]
+    sharding = NamedSharding(Mesh(np.array([device]), ("x",)), P("x", None))
     target = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32, sharding=sharding),
               "step": jax.ShapeDtypeStruct((), jnp.int32)}  # no sharding: the default device
     # Called directly: a sharding holds devices, which cannot be deep-copied; nothing expected
@@ -324,13 +465,14 @@ def shape_dtype_struct_targets_become_arrays_with_the_targets_sharding(restore):
         expect(isinstance(got[key], jax.Array),
                f"['{key}']: expected a jax.Array, got {type(got[key]).__name__}")
     expect(got["w"].sharding == sharding, f"['w']: expected sharding {sharding}, got {got['w'].sharding}")
-    expect(got["step"].devices() == {jax.devices()[0]} and got["step"].dtype == jnp.int32,
-           f"['step'] (sharding None): expected an int32 array on {jax.devices()[0]}, got "
+    expect(got["step"].devices() == {device} and got["step"].dtype == jnp.int32,
+           f"['step'] (sharding None): expected an int32 array on {device}, got "
            f"{got['step'].dtype} on {got['step'].devices()}")
 
 
-@restore_into.case(points=2, hint="Collect every problem first (missing paths, extra paths, shapes with both "
-                                  "shapes), then raise one ValueError that lists them all.")
+@restore_into.case(points=2, hint="One ValueError names every problem at once: paths missing from either "
+                                  "side, and shapes that differ, with both shapes. Collect them before "
+                                  "raising.")
 def mismatches_are_all_named_in_one_error(restore):
     saved = _saved({"w": np.zeros((2, 3)), "b": np.zeros(3), "old": np.zeros(1)})
     target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(3), "new": jnp.zeros(1)}

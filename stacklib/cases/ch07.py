@@ -14,7 +14,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from stacklib import parallel
-from stacklib.grading import Exercise, expect, expect_close
+from stacklib.grading import CaseFailure, Exercise, expect, expect_close
 
 
 def _mesh(num_devices: int, axis: str):
@@ -35,22 +35,27 @@ def _ring_all_reduce(num_bytes, num_devices, bandwidth, latency):
     return 2 * (num_devices - 1) * (latency + num_bytes / num_devices / bandwidth)
 
 
-@all_reduce_time.case(hint="With one device there is nobody to talk to: N - 1 = 0 hops.")
+_COST = "the chapter's section 'What collectives cost'"
+
+
+@all_reduce_time.case(hint="With one device there is nobody to talk to: count the hops.")
 def one_device_communicates_nothing(time_fn):
     expect_close(time_fn(1e9, 1, 4.5e10, 1e-6), 0.0, atol=1e-12, what="all_reduce_time(1 GB, 1 device)")
 
 
-@all_reduce_time.case(points=2, hint="A reduce-scatter and then an all-gather, each N - 1 hops "
-                                     "carrying V / N bytes: 2 (N - 1) V / (N W) when latency is 0.")
+@all_reduce_time.case(points=2, hint=f"Count the hops of a reduce-scatter and of an all-gather on a ring, "
+                                     f"and the bytes each hop carries: see {_COST}.")
 def matches_the_ring_model_when_bandwidth_dominates(time_fn):
-    for num_devices in (2, 4, 16, 256):
+    for num_devices in (2, 3, 4, 16, 256):
         expect_close(time_fn(2e9, num_devices, 4.5e10, 0.0), _ring_all_reduce(2e9, num_devices, 4.5e10, 0.0),
                      rtol=1e-6, what=f"all_reduce_time(2 GB, {num_devices} devices, latency 0)")
+    expect_close(time_fn(1000.0, 3, 1.0, 0.0), _ring_all_reduce(1000.0, 3, 1.0, 0.0), rtol=1e-6,
+                 what="all_reduce_time(1000 bytes, 3 devices, 1 byte/s, latency 0): chunks of 333.3 bytes")
 
 
-@all_reduce_time.case(hint="Every hop pays the latency once, and an all-reduce has 2 (N - 1) hops.")
+@all_reduce_time.case(points=2, hint="Every hop pays the latency, however few bytes it carries.")
 def counts_the_latency_of_every_hop(time_fn):
-    expect_close(time_fn(0.0, 8, 4.5e10, 1e-6), 14e-6, rtol=1e-6,
+    expect_close(time_fn(0.0, 8, 4.5e10, 1e-6), 14e-6, rtol=1e-6, atol=0.0,
                  what="all_reduce_time(0 bytes, 8 devices, latency 1 µs)")
     expect_close(time_fn(8e6, 8, 1e9, 1e-5), _ring_all_reduce(8e6, 8, 1e9, 1e-5), rtol=1e-6,
                  what="all_reduce_time(8 MB, 8 devices, 1 GB/s, latency 10 µs)")
@@ -63,25 +68,17 @@ ring_all_gather = Exercise("07.ring_all_gather", "An all-gather built from pperm
 _COLLECTIVES = ("all_gather", "psum", "reduce_scatter", "all_to_all", "pmax", "pmin", "pbroadcast")
 
 
-def _gather_with(answer, num_devices):
+_RING = "the chapter's section 'Collectives from a ring of `ppermute`s'"
+
+
+def _gather_with(answer, num_devices, dtype=jnp.float32):
     mesh = _mesh(num_devices, "i")
-    x = jnp.arange(num_devices * 2 * 3, dtype=jnp.float32).reshape(num_devices * 2, 3) ** 1.5
+    x = (jnp.arange(num_devices * 2 * 3, dtype=jnp.float32).reshape(num_devices * 2, 3) ** 1.5).astype(dtype)
     # Every device gets all N blocks of shape (2, 3); out_specs=P("i") glues the N results.
     expected = np.tile(np.asarray(x).reshape(num_devices, 2, 3), (num_devices, 1, 1))
     run = jax.jit(jax.shard_map(lambda block: answer(block, "i"), mesh=mesh, in_specs=P("i"),
                                 out_specs=P("i"), check_vma=False))
     return run, x, expected
-
-
-def _expect_gathered(answer, num_devices):
-    run, x, expected = _gather_with(answer, num_devices)
-    got = np.asarray(run(x))
-    per_device = (got.shape[0] // num_devices, *got.shape[1:])
-    expect(got.shape == expected.shape,
-           f"each device returned shape {per_device}, expected ({num_devices}, 2, 3): one row per device "
-           "holding that device's (2, 3) block, as jax.lax.all_gather(x, axis_name) returns it (stacked, "
-           "not concatenated)")
-    expect_close(got, expected, rtol=0, atol=0, what="every device's gathered blocks")
 
 
 def _primitives(jaxpr) -> set[str]:
@@ -96,82 +93,128 @@ def _primitives(jaxpr) -> set[str]:
     return names
 
 
-@ring_all_gather.case(points=2, hint="Row d of the result is device d's block. Keep a buffer of N "
-                                     "rows, put your own block at axis_index, then N - 1 times "
-                                     "ppermute the block you received last to your right-hand "
-                                     "neighbour; after k hops it came from device (me - k) mod N.")
+def _expect_only_ppermute(run, x):
+    used = _primitives(jax.make_jaxpr(run)(x).jaxpr)
+    forbidden = sorted(name for name in used if any(c in name for c in _COLLECTIVES))
+    expect(not forbidden, f"the function uses {forbidden}: the exercise is to build the all-gather from "
+                          "jax.lax.ppermute alone")
+
+
+def _expect_gathered(answer, num_devices, dtype=jnp.float32):
+    run, x, expected = _gather_with(answer, num_devices, dtype)
+    _expect_only_ppermute(run, x)
+    got = np.asarray(run(x))
+    per_device = (got.shape[0] // num_devices, *got.shape[1:])
+    expect(got.shape == expected.shape,
+           f"each device returned shape {per_device}, expected ({num_devices}, 2, 3): one row per device "
+           "holding that device's (2, 3) block, as jax.lax.all_gather(x, axis_name) returns it (stacked, "
+           "not concatenated)")
+    expect_close(got, expected, rtol=0, atol=0, check_dtype=True, what="every device's gathered blocks")
+
+
+@ring_all_gather.case(points=2, hint=f"Row d of the result is device d's block: work out which device the "
+                                     f"block you hold after k hops came from. See {_RING}.")
 def matches_all_gather_on_4_devices(gather):
     _expect_gathered(gather, 4)
 
 
-@ring_all_gather.case(hint="Use jax.lax.axis_size(axis_name) rather than a fixed device count.")
+@ring_all_gather.case(hint="Nothing may depend on there being 4 devices: ask the axis for its size.")
 def matches_all_gather_on_8_devices(gather):
     _expect_gathered(gather, 8)
 
 
-@ring_all_gather.case(hint="Build it from jax.lax.ppermute only: no all_gather, psum or other collective.")
-def uses_only_ppermute(gather):
-    run, x, _ = _gather_with(gather, 4)
-    used = _primitives(jax.make_jaxpr(run)(x).jaxpr)
-    forbidden = sorted(name for name in used if any(c in name for c in _COLLECTIVES))
-    expect(not forbidden, f"the function uses {forbidden}")
-    expect("ppermute" in used, "the function never calls jax.lax.ppermute")
+@ring_all_gather.case(hint="The result has x's dtype, as jax.lax.all_gather's does: mind the dtype of any "
+                           "buffer you start from.")
+def keeps_the_dtype_of_the_blocks(gather):
+    _expect_gathered(gather, 4, jnp.int32)
 
 
 # ---- 07.dp_step
 dp_step = Exercise("07.dp_step", "A data-parallel SGD step with collectives")
-_LEARNING_RATE = 0.05
+_DATA_PARALLEL = "the chapter's section 'Data parallel'"
 
 
 def _regression(num_rows=32, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(num_rows, 5)).astype(np.float32)
     y = (x @ rng.normal(size=(5,)) + 0.3).astype(np.float32)
-    params = {"w": rng.normal(size=(5,)).astype(np.float32), "b": np.zeros((), np.float32)}
+    params = {"w": rng.normal(size=(5,)).astype(np.float32), "b": np.float32(-0.2)}
     return params, x, y
 
 
-def _reference_step(params, x, y):
-    """One SGD step on the whole batch, in float64 NumPy (no accelerator rounding)."""
+def _reference_step(params, x, y, learning_rate):
+    """One SGD step on the whole batch, in float64 NumPy (no accelerator rounding), and its loss.
+
+    `learning_rate` may be negative: the cases use that to recognise a step up the gradient.
+    """
     x, y = x.astype(np.float64), y.astype(np.float64)
     error = x @ params["w"] + params["b"] - y  # (rows,)
     grads = {"w": 2 * x.T @ error / len(y), "b": 2 * error.mean()}  # d/dp mean(error^2)
-    new = {name: params[name] - _LEARNING_RATE * grads[name] for name in params}
+    new = {name: params[name] - learning_rate * grads[name] for name in params}
     return new, np.mean(error**2)
 
 
-def _dp_run(step_fn, num_devices):
+def _close_to(got, expected):
+    try:
+        expect_close(got, expected, rtol=1e-5, atol=1e-6)
+    except Exception:  # a CaseFailure, or a structure the comparison cannot walk
+        return False
+    return True
+
+
+def _expect_diagnosed(got, expected, mistakes, what):
+    """expect_close, and when `got` is what a known mistake gives, name that mistake in the failure."""
+    if _close_to(got, expected):
+        return
+    named = [why for value, why in mistakes if _close_to(got, value)]
+    try:
+        expect_close(got, expected, rtol=1e-5, atol=1e-6, what=what)
+    except CaseFailure as failure:
+        raise CaseFailure(f"{failure}: {'; or '.join(named)}" if named else str(failure)) from None
+
+
+def _expect_dp_step(step_fn, num_devices, learning_rate, check):
     mesh = _mesh(num_devices, "data")
     params, x, y = _regression()
-    expected = _reference_step(params, x, y)  # before the learner's code runs
-    run = jax.jit(jax.shard_map(functools.partial(step_fn, learning_rate=_LEARNING_RATE), mesh=mesh,
+    # Before the learner's code runs: the right step and loss, and what known mistakes give.
+    expected, expected_loss = _reference_step(params, x, y, learning_rate)
+    too_far, _ = _reference_step(params, x, y, num_devices * learning_rate)
+    uphill, _ = _reference_step(params, x, y, -learning_rate)
+    run = jax.jit(jax.shard_map(functools.partial(step_fn, learning_rate=learning_rate), mesh=mesh,
                                 in_specs=(P(), P("data"), P("data")), out_specs=(P(), P())))
-    return run(params, x, y), expected
+    new_params, loss = run(params, x, y)
+    if check == "params":
+        mistakes = [(too_far, f"that is a step {num_devices} times too long, as if the gradient were summed "
+                              f"over the {num_devices} devices rather than averaged"),
+                    (uphill, "the parameters moved up the gradient, not down")]
+        _expect_diagnosed(new_params, expected, mistakes, f"the new parameters on {num_devices} devices, "
+                                                          f"learning rate {learning_rate}")
+    else:
+        mistakes = [(num_devices * expected_loss, f"that is {num_devices} times the mean: a sum over the "
+                                                  "devices")]
+        _expect_diagnosed(loss, expected_loss, mistakes, f"the loss on {num_devices} devices")
 
 
-@dp_step.case(points=2, hint="Differentiate the *global* loss: jax.lax.pmean(local mean loss, "
-                             "'data'). Averaging gradients of the local loss afterwards gives N "
-                             "times the gradient, because shard_map already sums the gradient "
-                             "of a replicated parameter over devices.")
+@dp_step.case(points=2, hint=f"The step must equal one SGD step on the whole batch: which loss do you "
+                             f"differentiate, and how does shard_map combine the gradient of a replicated "
+                             f"parameter? See {_DATA_PARALLEL}.")
 def matches_one_device_sgd_on_8_devices(step_fn):
-    (new_params, _), (expected, _) = _dp_run(step_fn, 8)
-    expect_close(new_params, expected, rtol=1e-5, atol=1e-6, what="the new parameters")
+    _expect_dp_step(step_fn, 8, 0.05, "params")
 
 
-@dp_step.case(hint="Nothing may depend on there being 8 devices: use pmean, not psum / 8.")
+@dp_step.case(hint="Nothing may depend on there being 8 devices, nor on one learning rate.")
 def matches_one_device_sgd_on_2_devices(step_fn):
-    (new_params, _), (expected, _) = _dp_run(step_fn, 2)
-    expect_close(new_params, expected, rtol=1e-5, atol=1e-6, what="the new parameters")
+    _expect_dp_step(step_fn, 2, 0.2, "params")
 
 
 @dp_step.case(hint="Return the mean loss over the whole batch, the same on every device.")
 def returns_the_global_mean_loss(step_fn):
-    (_, loss), (_, expected) = _dp_run(step_fn, 8)
-    expect_close(loss, expected, rtol=1e-5, what="the loss")
+    _expect_dp_step(step_fn, 8, 0.05, "loss")
 
 
 # ---- 07.tp_mlp
 tp_mlp = Exercise("07.tp_mlp", "A tensor-parallel MLP with shard_map")
+_TENSOR_PARALLEL = "the chapter's section 'Tensor parallel'"
 
 
 def _mlp_inputs(seed=0, batch=8, features=6, hidden=16, classes=3):
@@ -191,22 +234,49 @@ def _tp_run(mlp_fn, num_devices):
     return run, inputs, _mlp_reference(*inputs)
 
 
-@tp_mlp.case(points=2, hint="Cut w1 by columns and b1 with it, w2 by rows; x and b2 stay whole. "
-                            "Each device's h @ w2 is a partial sum of the output: psum it over "
-                            "'model', then add b2 once.")
+def _expect_tp_output(mlp_fn, num_devices):
+    run, inputs, expected = _tp_run(mlp_fn, num_devices)
+    b2 = inputs[4]
+    partial_sums = expected - b2
+    mistakes = [(expected + (num_devices - 1) * b2, f"that is the output with b2 added {num_devices} times: "
+                                                    "once on every device, before the sum"),
+                (partial_sums / num_devices + b2, f"that is the sum of the devices' partial outputs divided "
+                                                  f"by {num_devices}: a mean, not a sum")]
+    _expect_diagnosed(run(*inputs), expected, mistakes, f"the output on {num_devices} devices")
+
+
+@tp_mlp.case(points=2, hint=f"Each device's second matmul gives a partial sum of the output; think about "
+                            f"what is added once and what once per device. See {_TENSOR_PARALLEL}.")
 def matches_one_device_on_2_devices(mlp_fn):
-    run, inputs, expected = _tp_run(mlp_fn, 2)
-    expect_close(run(*inputs), expected, rtol=1e-5, atol=1e-5, what="the output")
+    _expect_tp_output(mlp_fn, 2)
 
 
 @tp_mlp.case(hint="The same specs must work on any size of the 'model' axis that divides hidden.")
 def matches_one_device_on_8_devices(mlp_fn):
-    run, inputs, expected = _tp_run(mlp_fn, 8)
-    expect_close(run(*inputs), expected, rtol=1e-5, atol=1e-5, what="the output")
+    _expect_tp_output(mlp_fn, 8)
 
 
-@tp_mlp.case(points=2, hint="Tensor parallelism never gathers the weights: the only message is "
-                            "one all-reduce (psum) of the (batch, classes) output.")
+@tp_mlp.case(hint=f"Write the per-device program with jax.shard_map, in Megatron's layout: w1 and b1 split "
+                  f"by hidden unit (w1's columns), w2 by its rows; x and b2 whole on every device. See "
+                  f"{_TENSOR_PARALLEL}.")
+def each_device_holds_its_slice_of_the_weights(mlp_fn):
+    run, inputs, _ = _tp_run(mlp_fn, 8)
+    expect("shard_map" in _primitives(jax.make_jaxpr(run)(*inputs).jaxpr),
+           "tp_mlp does not call jax.shard_map: the exercise asks for the per-device program written by hand")
+    shardings = run.lower(*inputs).compile().input_shardings[0]
+    names = ("x", "w1", "b1", "w2", "b2")
+    batch, features = inputs[0].shape
+    hidden, classes = inputs[3].shape
+    share = hidden // 8
+    expected = [(batch, features), (features, share), (share,), (share, classes), (classes,)]
+    for name, sharding, array, shape in zip(names, shardings, inputs, expected, strict=True):
+        got = tuple(sharding.shard_shape(array.shape))
+        expect(got == shape, f"{name} {array.shape}: each of the 8 devices holds a block of shape {got}, "
+                             f"expected {shape}")
+
+
+@tp_mlp.case(points=2, hint="Tensor parallelism never gathers the weights or the hidden layer: the only "
+                            "message is one all-reduce of the (batch, classes) output.")
 def communicates_one_all_reduce_of_the_output(mlp_fn):
     run, inputs, _ = _tp_run(mlp_fn, 8)
     found = parallel.collectives(run.lower(*inputs).compile().as_text())

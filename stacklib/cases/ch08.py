@@ -47,6 +47,26 @@ def _replaced(answer, original, replacement, homes):
             namespace[name] = original
 
 
+def _close(a, b):
+    return abs(a - b) <= 1e-9 * abs(b)
+
+
+def _expect_diagnosed(got, expected, mistakes, what, unit=" s"):
+    """Fail unless `got` is `expected` (to 1e-9, relative); when it equals known mistakes' values, name them.
+
+    `mistakes` is a list of (the value a mistake gives, what the mistake is). Several mistakes
+    can give the same value on one input; the message then names each of them.
+    """
+    expect(isinstance(got, numbers.Real) or getattr(got, "shape", None) == (),
+           f"{what}: expected a number, got {type(got).__name__}")
+    got = float(got)
+    if _close(got, expected):
+        return
+    named = [why for value, why in mistakes if _close(got, value) and not _close(value, expected)]
+    diagnosis = f": {'; or '.join(named)}" if named else ""
+    expect(False, f"{what}: expected {expected:.6g}{unit}, got {got:.6g}{unit}{diagnosis}")
+
+
 # ---------------------------------------------------------------- 08.top_op
 
 top_op = Exercise("08.top_op", "The op that takes the most time in a trace")
@@ -56,28 +76,76 @@ def _event(name, duration, module="jit_step", run="1", start=0.0, thread="t"):
     return OpEvent(name=name, module=module, start_us=start, duration_us=duration, thread=thread, run_id=run)
 
 
+def _totals(events, module, key=lambda event: event.name):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            totals[key(event)] = totals.get(key(event), 0.0) + event.duration_us
+    return totals
+
+
+def _known_mistakes(events, module):
+    """(the op a plausible wrong rule picks, what it picks by), computed by the case from the events."""
+    mine = [event for event in events if event.module == module]
+    calls = {}
+    for event in mine:
+        calls[event.name] = calls.get(event.name, 0) + 1
+    totals = _totals(events, module)
+    every_module = {}
+    for event in events:
+        every_module[event.name] = every_module.get(event.name, 0.0) + event.duration_us
+    per_run = _totals(events, module, key=lambda event: (event.name, event.run_id))
+    return [
+        (max(mine, key=lambda event: event.duration_us).name, "the longest single execution"),
+        (mine[0].name, "the module's first event"),
+        (max(calls, key=calls.get), "the most executions"),
+        (max(totals, key=lambda name: totals[name] / calls[name]), "the longest mean execution"),
+        (max(every_module, key=every_module.get), "the most time over all modules together"),
+        (max(per_run, key=per_run.get)[0], "the most time within one run"),
+        (max(totals), "the name that sorts last"),
+    ]
+
+
 def _expect_top(top_fn, events, module, why):
     expected = op_table(events, module=module)[0].key  # before the learner's code runs
-    got = call_on_copies(top_fn, events, module, what="top_op")
+    mistakes = _known_mistakes(events, module)
+    calls = []
+
+    def watched_op_table(*args, **kwargs):
+        calls.append(1)
+        return op_table(*args, **kwargs)
+
+    with _replaced(top_fn, op_table, watched_op_table, [(profile, "op_table"), (profile.ops, "op_table")]):
+        got = call_on_copies(top_fn, events, module, what="top_op")
+    expect(not calls, f"top_op called stacklib.profile.op_table {len(calls)} time(s): the exercise asks you "
+                      "to add up the durations yourself")
     expect(isinstance(got, str), f"expected the op's name, a str such as {expected!r}, got {got!r}")
-    expect(got == expected, f"expected {expected!r} ({why}), got {got!r}")
+    if got == expected:
+        return
+    named = [rule for name, rule in mistakes if name == got and name != expected]
+    diagnosis = f", the op picked by {'; '.join(named)}" if named else ""
+    expect(False, f"expected {expected!r} ({why}), got {got!r}{diagnosis}")
 
 
-@top_op.case(points=2, hint="Add up the durations of all the executions of each op (a dict from name to "
-                            "total); neither the longest single event, nor the first, nor the op with the "
-                            "most calls or the longest mean is the op with the most time.")
+_OP_TABLE = "the chapter's section 'From a trace to an op table'"
+
+
+@top_op.case(points=2, hint=f"An op's time is the total over all its executions, wherever they fall in the "
+                            f"list. See {_OP_TABLE}.")
 def adds_up_every_execution(top_fn):
-    events = [*(_event("copy.3", 1.0, run=str(r)) for r in range(5)),  # first, and the most calls
-              _event("fusion.1", 10.0),  # the longest single event and the longest mean
-              *(_event("dot.2", 4.0, run=str(r)) for r in range(3))]  # 3 x 4 us = 12 us: the most time
-    _expect_top(top_fn, events, "jit_step", "3 calls of 4 us = 12 us, more than fusion.1's single 10 us "
-                                            "and copy.3's 5 calls of 1 us")
+    durations = [("copy.3", 1.0), ("dot.2", 4.0), ("copy.3", 1.0), ("dot.2", 4.0), ("copy.3", 1.0),
+                 ("fusion.1", 10.0), ("dot.2", 4.0), ("copy.3", 1.0), ("copy.3", 1.0)]  # as a loop runs them
+    events = [_event(name, duration, start=10.0 * i) for i, (name, duration) in enumerate(durations)]
+    _expect_top(top_fn, events, "jit_step", "3 executions of 4 us = 12 us, more than fusion.1's one of 10 us "
+                                            "and copy.3's 5 of 1 us")
 
 
-@top_op.case(hint="Keep only the events whose `module` is the one asked for.")
+@top_op.case(points=2, hint="Only the events whose module is the one asked for count (that very name, not "
+                            "one that contains it), wherever they are in the list.")
 def only_the_module_asked_for(top_fn):
-    events = [_event("big_init", 500.0, module="jit_init"), _event("fusion.1", 5.0), _event("dot.2", 3.0)]
-    _expect_top(top_fn, events, "jit_step", "jit_init's op does not count")
+    events = [_event("dot.2", 3.0), _event("big_init", 500.0, module="jit_init"), _event("add.4", 5.0),
+              _event("log_fusion", 400.0, module="jit_step_and_log")]
+    _expect_top(top_fn, events, "jit_step", "the ops of jit_init and jit_step_and_log do not count")
 
 
 # A capture laid out as a real one on CPU: modules, threads, run ids and start times as
@@ -86,7 +154,7 @@ def only_the_module_asked_for(top_fn):
 # total, the loop body's ynn_fusion.3, is none of: the first event of the module or its
 # longest single event (ynn_fusion.1, slow on the cold first call), the op with the most
 # calls (copy.7), the op with the longest mean (ynn_fusion), or the top op of all modules
-# together (jit_init's while.56).
+# together (jit_init's while.56). An evaluation step runs between the two training steps.
 _PJRT, _EIGEN = "tf_XLAPjRtCpuClient/170789732367070308", "tf_XLAEigen/-3709514324815259980"
 _RECORDED = [
     ("slice_bitcast_fusion.1", "jit_init", 655.852, 1.503, _PJRT, "1837837475"),
@@ -101,6 +169,8 @@ for _run, _start in (("-795199565", 3231.172), ("-795199564", 5023.066)):
                   for i in range(4)]
     _RECORDED += [("broadcast_maximum_fusion", "jit_train_step", _start + 1070, 13.89, _PJRT, _run),
                   ("ynn_fusion", "jit_train_step", _start + 1090, 350.0, _PJRT, _run)]
+    if _run.endswith("5"):  # an evaluation step runs between the two training steps
+        _RECORDED += [("reduce_fusion.2", "jit_eval_step", _start + 1520, 230.0, _PJRT, "-795199566")]
 del _run, _start, _slow
 
 
@@ -109,26 +179,11 @@ def _recorded_capture():
             for name, module, start, duration, thread, run in _RECORDED]
 
 
-@top_op.case(points=2, hint="On a real capture the same rule holds: filter by module, then add up "
-                            "each op's durations over all its executions. stacklib.profile.op_table's "
-                            "first row is the answer.")
+@top_op.case(points=2, hint=f"A real capture: several modules, threads and runs, interleaved. The rule "
+                            f"is the same. See {_OP_TABLE}.")
 def agrees_with_op_table_on_a_recorded_capture(top_fn):
     _expect_top(top_fn, _recorded_capture(), "jit_train_step", "the first row of op_table: 4 loop "
                 "iterations x 2 steps x 100 us")
-
-
-@top_op.case(hint="The exercise asks you to add up the durations yourself, without op_table.")
-def does_not_call_op_table(top_fn):
-    calls = []
-
-    def watched_op_table(*args, **kwargs):
-        calls.append(1)
-        return op_table(*args, **kwargs)
-
-    events = _recorded_capture()
-    with _replaced(top_fn, op_table, watched_op_table, [(profile, "op_table"), (profile.ops, "op_table")]):
-        call_on_copies(top_fn, events, "jit_train_step", what="top_op")
-    expect(not calls, f"top_op called stacklib.profile.op_table {len(calls)} time(s)")
 
 
 # ---------------------------------------------------------------- 08.mlp_mfu
@@ -137,8 +192,8 @@ mlp_mfu = Exercise("08.mlp_mfu", "The MFU of an MLP's training step, from its sh
 
 
 def _matmul_flops_of_training_step(batch, d_in, d_hidden, d_out):
-    def loss(w1, w2, x):
-        return jnp.mean(jax.nn.relu(x @ w1) @ w2)
+    def loss(w1, w2, x):  # its gradient with respect to the output is the output: no matmul simplifies away
+        return 0.5 * jnp.sum((jax.nn.relu(x @ w1) @ w2) ** 2)
 
     shapes = [jax.ShapeDtypeStruct(s, jnp.float32)
               for s in ((d_in, d_hidden), (d_hidden, d_out), (batch, d_in))]
@@ -146,19 +201,35 @@ def _matmul_flops_of_training_step(batch, d_in, d_hidden, d_out):
     return cost.by_primitive["dot_general"][0]
 
 
-@mlp_mfu.case(points=2, hint="Forward: 2·B·(D_in·H + H·D_out). Backward: the second layer needs the "
-                             "gradient of its weights and of its input (two matmuls), the first layer "
-                             "only of its weights (nothing flows back into the data x).")
+def _expect_mfu(mfu_fn, batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    """Compare with the step's matmul FLOPs as XLA counts them, naming a known miscount."""
+    flops = _matmul_flops_of_training_step(batch, d_in, d_hidden, d_out)  # before the learner's code runs
+    forward = 2 * batch * (d_in * d_hidden + d_hidden * d_out)
+    expected = flops / (step_seconds * peak_flops)
+    mistakes = [
+        (3 * forward / (step_seconds * peak_flops), "that counts 6 x parameters x tokens: a backward pass "
+         "with the gradient into the data x too, which nothing needs"),
+        (forward / (step_seconds * peak_flops), "that counts the forward pass only"),
+        (2 * forward / (step_seconds * peak_flops), "that counts the forward pass and the weights' "
+         "gradients, but not the gradient that flows from the second layer back into the first"),
+        (100 * expected, "that is a percentage: return the fraction"),
+        (flops * step_seconds / peak_flops, "that multiplies by the step time: MFU divides by it"),
+    ]
+    got = mfu_fn(batch, d_in, d_hidden, d_out, step_seconds=step_seconds, peak_flops=peak_flops)
+    _expect_diagnosed(got, expected, mistakes, f"MFU for B={batch}, D_in={d_in}, H={d_hidden}, "
+                                               f"D_out={d_out}, {step_seconds} s, {peak_flops:.0e} FLOP/s",
+                      unit="")
+
+
+@mlp_mfu.case(points=2, hint="Count every matmul of the forward and the backward pass; in the backward pass "
+                             "a layer needs its weights' gradient, and its input's only where something "
+                             "upstream needs it. See the chapter's section 'Model FLOPs utilization'.")
 def counts_the_matmuls_of_forward_and_backward(mfu_fn):
-    for batch, d_in, d_hidden, d_out in [(32, 64, 128, 10), (16, 1024, 64, 32)]:
-        flops = _matmul_flops_of_training_step(batch, d_in, d_hidden, d_out)
-        got = mfu_fn(batch, d_in, d_hidden, d_out, step_seconds=1.0, peak_flops=1e12)
-        expect_close(got, flops / 1e12, rtol=1e-9,
-                     what=f"MFU for B={batch}, D_in={d_in}, H={d_hidden}, D_out={d_out}, 1 s, 1 TFLOP/s")
+    for shapes in [(32, 64, 128, 10), (16, 1024, 64, 32)]:
+        _expect_mfu(mfu_fn, *shapes, step_seconds=0.25, peak_flops=2e12)
 
 
-@mlp_mfu.case(hint="MFU = FLOPs per step / (step seconds · peak FLOP/s): twice the time or twice "
-                   "the peak halves it.")
+@mlp_mfu.case(hint="MFU is the step's FLOPs over what the peak could do in the step's time.")
 def scales_with_time_and_peak(mfu_fn):
     base = mfu_fn(64, 256, 256, 16, step_seconds=0.01, peak_flops=1e11)
     expect_close(mfu_fn(64, 256, 256, 16, step_seconds=0.02, peak_flops=1e11), base / 2, rtol=1e-9,
@@ -170,26 +241,6 @@ def scales_with_time_and_peak(mfu_fn):
 # ---------------------------------------------------------------- 08.roofline_time
 
 roofline_time = Exercise("08.roofline_time", "Predict a program's time with the roofline")
-
-
-def _close(a, b):
-    return abs(a - b) <= 1e-9 * abs(b)
-
-
-def _expect_diagnosed(got, expected, mistakes, what):
-    """Fail unless `got` is `expected`; when it equals known mistakes' values, name those mistakes.
-
-    `mistakes` is a list of (the value a mistake gives, what the mistake is). Several mistakes
-    can give the same value on one input; the message then names each of them.
-    """
-    expect(isinstance(got, numbers.Real) or getattr(got, "shape", None) == (),
-           f"{what}: expected a number of seconds, got {type(got).__name__}")
-    got = float(got)
-    if _close(got, expected):
-        return
-    named = [why for value, why in mistakes if _close(got, value) and not _close(value, expected)]
-    diagnosis = f": {'; or '.join(named)}" if named else ""
-    expect(False, f"{what}: expected {expected:.6g} s, got {got:.6g} s{diagnosis}")
 
 
 def _expect_roofline(predict_fn, costs, peak_flops, peak_bandwidth, what):
@@ -212,14 +263,16 @@ def _expect_roofline(predict_fn, costs, peak_flops, peak_bandwidth, what):
     _expect_diagnosed(got, expected, mistakes, what)
 
 
-@roofline_time.case(hint="One op takes at least max(flops / peak_flops, bytes / peak_bandwidth) seconds.")
+@roofline_time.case(hint="One op is held back by whichever of its two resources, arithmetic or memory, "
+                         "takes longer. See the chapter's section 'The roofline'.")
 def one_op_is_limited_by_the_slower_resource(predict_fn):
     _expect_roofline(predict_fn, {"matmul": (2e9, 1e6)}, 1e11, 1e10, "a compute-bound op")
     _expect_roofline(predict_fn, {"add": (1e6, 1.2e7)}, 1e11, 1e10, "a memory-bound op")
     _expect_roofline(predict_fn, {"fusion": (1e9, 1e8)}, 1e11, 1e10, "an op at the ridge")
 
 
-@roofline_time.case(points=2, hint="Ops run one after another: add up each op's own bound.")
+@roofline_time.case(points=2, hint="Ops run one after another, each with its own bound: a compute-bound op "
+                                   "cannot hide a memory-bound one.")
 def ops_add_their_own_bounds(predict_fn):
     costs = {"matmul": (2e9, 1e6), "add": (1e6, 1.2e7), "copy": (0.0, 4e6)}
     _expect_roofline(predict_fn, costs, 1e11, 1e10, "three ops in sequence")
@@ -310,28 +363,39 @@ def _expect_timer(timer_fn, device, repeats, what):
         (statistics.mean(honest), "that is the mean: return the median, which one slow call cannot move"),
         (min(honest), "that is the fastest call: return the median"),
         (sum(honest), "that is the total of the timed calls: return the median of the per-call times"),
+        (statistics.median_high(honest), "that is the higher of the two middle times: the median of an even "
+                                         "number of times is the mean of the two"),
+        (statistics.median_low(honest), "that is the lower of the two middle times: the median of an even "
+                                        "number of times is the mean of the two"),
     ]
     _expect_diagnosed(got, expected, mistakes, what)
 
 
-@step_time.case(points=2, hint="The function returns before its work is done (asynchronous dispatch): "
-                               "wait for the result with jax.block_until_ready(out) before stopping "
-                               "the clock.")
+_TIMING = "the chapter's section 'Timing a step honestly'"
+
+
+@step_time.case(points=2, hint=f"The function returns before its work is done (asynchronous dispatch): the "
+                               f"clock must stop when the result is ready. See {_TIMING}.")
 def waits_for_each_result(timer_fn):
     _expect_timer(timer_fn, _FakeDevice([0.02] * 6), 5, "5 calls of 20 ms of work")
 
 
-@step_time.case(hint="Make one untimed call first: it pays for compilation. Then time `repeats` calls.")
+@step_time.case(hint=f"The first call compiles: it must not be among the timed ones. See {_TIMING}.")
 def leaves_the_compilation_out(timer_fn):
     _expect_timer(timer_fn, _FakeDevice([0.02] * 6, compile_s=0.4), 5, "a first call that compiles for 0.4 s")
 
 
-@step_time.case(points=2, hint="Keep each call's time and return their median (statistics.median): one "
-                               "slow call, from a busy neighbour or a garbage collection, moves the mean "
-                               "but not the median.")
+@step_time.case(points=2, hint="One slow call, from a busy neighbour or a garbage collection, moves the mean "
+                               "but not the median: keep each call's time and return their median.")
 def returns_the_median(timer_fn):
     device = _FakeDevice([0.0, 0.022, 0.018, 0.120, 0.020, 0.024])
     _expect_timer(timer_fn, device, 5, "5 calls, one of them slow")
+
+
+@step_time.case(hint="The median of an even number of times is the mean of the two middle ones.")
+def the_median_of_an_even_number_of_calls(timer_fn):
+    device = _FakeDevice([0.0, 0.018, 0.030, 0.021, 0.050])
+    _expect_timer(timer_fn, device, 4, "repeats=4")
 
 
 @step_time.case(hint="Time `repeats` calls, however many that is.")
@@ -340,8 +404,8 @@ def times_as_many_calls_as_asked(timer_fn):
     _expect_timer(timer_fn, device, 7, "repeats=7")
 
 
-@step_time.case(hint="Wait for the warm-up call's result too (jax.block_until_ready), or its work runs "
-                     "into the first timed call.")
+@step_time.case(points=2, hint="The warm-up call's work must be finished before the clock starts, or it runs "
+                               "into the first timed call.")
 def the_warm_up_finishes_before_the_clock_starts(timer_fn):
     device = _FakeDevice([0.3, 0.02])  # a slow first run (e.g. autotuning), then a normal one
     _expect_timer(timer_fn, device, 1, "one timed call after a warm-up that runs for 0.3 s")
