@@ -90,28 +90,112 @@ def flat_pairs(x, y):
     return zip(jax.tree.leaves(x), jax.tree.leaves(y), strict=True)
 
 
+def count_in_int32(tree):
+    return jnp.sum(jnp.array([np.size(leaf) for leaf in jax.tree.leaves(tree)]))  # int32: overflows
+
+
+def count_with_none_as_a_leaf(tree):
+    leaves = jax.tree.leaves(tree, is_leaf=lambda x: x is None)
+    return sum(np.size(leaf) for leaf in leaves)  # np.size(None) is 1
+
+
+def count_by_flattening(tree):
+    return sum(len(np.ravel(leaf)) for leaf in jax.tree.leaves(tree))  # an abstract leaf has no values
+
+
+def axpy_pairing_dict_values_in_order(a, x, y):
+    if isinstance(x, dict):  # pairs the i-th key of x with the i-th key of y
+        pairs = zip(x, x.values(), y.values(), strict=True)
+        return {key: axpy_pairing_dict_values_in_order(a, xv, yv) for key, xv, yv in pairs}
+    if isinstance(x, list | tuple):
+        return type(x)(axpy_pairing_dict_values_in_order(a, xv, yv) for xv, yv in zip(x, y, strict=True))
+    return a * x + y
+
+
+def axpy_making_lists_of_tuples(a, x, y):
+    if isinstance(x, dict):
+        return {key: axpy_making_lists_of_tuples(a, x[key], y[key]) for key in x}
+    if isinstance(x, list | tuple):
+        return [axpy_making_lists_of_tuples(a, xv, yv) for xv, yv in zip(x, y, strict=True)]
+    return a * x + y
+
+
+def axpy_adding_into_y(a, x, y):
+    def leaf(x_leaf, y_leaf):
+        y_leaf += a * x_leaf  # in place for NumPy arrays: the caller's y changes
+        return y_leaf
+
+    return jax.tree.map(leaf, x, y)
+
+
+def softmax_shifting_by(reduce):
+    def shifted_softmax(logits, axis=-1):
+        exps = jnp.exp(logits - reduce(logits, axis=axis, keepdims=True))
+        return exps / exps.sum(axis=axis, keepdims=True)
+
+    return shifted_softmax
+
+
+def softmax_shifting_by_the_last_axis_max(logits, axis=-1):
+    exps = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # the shift varies along `axis`
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def softmax_clipping_the_logits(logits, axis=-1):
+    exps = jnp.exp(jnp.clip(logits, -80.0, 80.0))  # no overflow, but 1000 and 990 become equal
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def pairwise_for_two_features(x, y):
+    return (x[:, None, 0] - y[None, :, 0]) ** 2 + (x[:, None, 1] - y[None, :, 1]) ** 2  # d = 2 only
+
+
+def pairwise_l1(x, y):
+    return jnp.sum(jnp.abs(x[:, None, :] - y[None, :, :]), axis=-1)
+
+
+def column_loop_pairwise(x, y):
+    return np.stack([((x - y[j]) ** 2).sum(-1) for j in range(len(y))], axis=1)  # 3 M columns
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("00.count_params", lambda tree: len(jax.tree.leaves(tree)), 0, "counts leaves, not numbers"),
     ("00.count_params", lambda tree: sum(np.size(v) for v in (tree if isinstance(tree, list) else [])),
      1, "only handles a flat list"),
     ("00.count_params", lambda tree: sum(np.size(leaf) for leaf in jax.tree.leaves(tree) if np.ndim(leaf)),
-     2, "drops Python scalars"),
-    ("00.count_params", count_with_prod, 2, "returns a float count"),
+     4, "drops Python scalars"),
+    ("00.count_params", count_with_prod, 4, "returns a float count"),
+    ("00.count_params", lambda tree: sum(leaf.size for leaf in jax.tree.leaves(tree)), 4,
+     "leaf.size: a Python float has none"),
+    ("00.count_params", count_with_none_as_a_leaf, 4, "counts None as a number"),
+    ("00.count_params", count_in_int32, 4, "adds the sizes in int32"),
+    ("00.count_params", count_by_flattening, 4, "flattens each leaf: abstract leaves have no values"),
     ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: xl + yl, x, y), 0, "forgets a"),
     ("00.tree_axpy", lambda a, x, y: [a * xl + yl for xl, yl in flat_pairs(x, y)], 1, "returns a flat list"),
     ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: xl + a * yl, x, y), 0, "scales y, not x"),
     ("00.tree_axpy", axpy_into_x, 0, "writes the result into x"),
+    ("00.tree_axpy", lambda a, x, y: {key: a * x[key] + y[key] for key in x}, 1, "handles dicts only"),
+    ("00.tree_axpy", axpy_pairing_dict_values_in_order, 2, "pairs dict leaves by order, not by key"),
+    ("00.tree_axpy", axpy_making_lists_of_tuples, 2, "returns lists where the input has tuples"),
+    ("00.tree_axpy", axpy_adding_into_y, 1, "adds into the caller's y"),
     ("00.softmax", naive_softmax, 3, "overflows on large logits"),
     ("00.softmax", lambda z, axis=-1: softmax(z), 4, "ignores axis"),
     ("00.softmax", lambda z, axis=-1: jnp.exp(z) / jnp.exp(z).sum(), 0, "normalises over everything"),
     ("00.softmax", softmax_shifting_by_the_global_max, 3, "subtracts the global maximum"),
     ("00.softmax", softmax_shifting_in_place, 0, "shifts the caller's logits in place"),
     ("00.softmax", numpy_softmax, 4, "NumPy, not jax.numpy"),
+    ("00.softmax", softmax_shifting_by(jnp.min), 3, "subtracts each row's minimum"),
+    ("00.softmax", softmax_shifting_by(jnp.mean), 3, "subtracts each row's mean"),
+    ("00.softmax", softmax_shifting_by_the_last_axis_max, 4, "subtracts the maximum over the last axis"),
+    ("00.softmax", softmax_clipping_the_logits, 3, "clips the logits to [-80, 80]"),
     ("00.pairwise_sq_dists", lambda x, y: pairwise_sq_dists(y, x), 0, "transposed result"),
     ("00.pairwise_sq_dists", lambda x, y: jnp.sqrt(pairwise_sq_dists(x, y)), 0, "distances, not squared"),
     ("00.pairwise_sq_dists", loop_pairwise, 2, "a Python double loop is too slow"),
     ("00.pairwise_sq_dists", row_loop_pairwise, 2, "a Python loop over rows is too slow"),
+    ("00.pairwise_sq_dists", column_loop_pairwise, 2, "a Python loop over y's rows is too slow"),
+    ("00.pairwise_sq_dists", pairwise_for_two_features, 2, "written for d = 2 only"),
+    ("00.pairwise_sq_dists", pairwise_l1, 0, "absolute differences, not squares"),
 ]
 
 

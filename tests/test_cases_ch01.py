@@ -224,6 +224,126 @@ def max_lowering_with_numpy(ctx, x, *, axes):
     return np.max(x)
 
 
+def tanh_jvp_with_x_for_tanh_x(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return lax.tanh(x), lax.mul(t, lax.sub(1.0, lax.integer_pow(x, 2)))  # 1 - x**2, not 1 - tanh(x)**2
+
+
+def tanh_jvp_returning_x_as_the_primal(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return x, lax.mul(t, lax.sub(1.0, lax.integer_pow(lax.tanh(x), 2)))
+
+
+def transpose_broadcasting_along_the_summed_axes(ct, operand, *, axes):
+    return [lax.broadcast_in_dim(ct, operand.aval.shape, list(axes))]  # the summed axes, not the kept ones
+
+
+def transpose_for_one_summed_axis(ct, operand, *, axes):
+    shape = operand.aval.shape
+    return [lax.broadcast_in_dim(ct, shape, [d for d in range(len(shape)) if d != axes[0]])]
+
+
+def transpose_dividing_by_the_count(ct, operand, *, axes):
+    shape = operand.aval.shape
+    count = float(np.prod([shape[a] for a in axes]))  # the transpose of a mean, not of a sum
+    return [lax.div(lax.broadcast_in_dim(ct, shape, [d for d in range(len(shape)) if d not in axes]), count)]
+
+
+def batch_shifting_only_axes_after_the_batch(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + 1 if a > d else a for a in axes]), d - sum(a < d for a in axes)  # a == d
+
+
+def batch_moving_left_by_every_summed_axis(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + (a >= d) for a in axes]), max(d - len(axes), 0)
+
+
+def batch_counting_summed_axes_up_to_the_batch(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + (a >= d) for a in axes]), d - sum(a <= d for a in axes)
+
+
+def batch_output_always_at_zero(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + (a >= d) for a in axes]), 0
+
+
+def logistic_jvp_with_a_formula_for_the_primal(logistic_p):
+    define_logistic(logistic_p)
+
+    def jvp_rule(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = lax.div(1.0, lax.add(1.0, lax.exp(lax.neg(x))))  # right numbers, but not the primitive
+        return y, t * y * (1.0 - y)
+
+    forward.primitive_jvps[logistic_p] = jvp_rule
+
+
+def logistic_with_a_float64_type(logistic_p):
+    define_logistic(logistic_p)
+    logistic_p.def_abstract_eval(lambda x: st.ShapedArray(x.shape, np.float64))
+
+
+def logistic_with_a_shape_for_a_type(logistic_p):
+    define_logistic(logistic_p)
+    logistic_p.def_abstract_eval(lambda x: x.shape)
+
+
+def logistic_batched_with_the_list_of_axes(logistic_p):
+    define_logistic(logistic_p)
+    batching.primitive_batchers[logistic_p] = lambda args, dims: (logistic_p.bind(args[0]), dims)
+
+
+def jacfwd_of_the_primal(f):
+    def jacobian(x):
+        return st.vmap(lambda v: st.jvp(f, (x,), (v,))[0], out_axes=-1)(np.eye(x.size))
+    return jacobian
+
+
+def jacfwd_with_the_outputs_as_directions(f):
+    def jacobian(x):
+        return st.vmap(lambda v: st.jvp(f, (x,), (v,))[1], out_axes=-1)(np.eye(f(x).size))
+    return jacobian
+
+
+def jacfwd_along_ones(f):
+    def jacobian(x):
+        return st.jvp(f, (x,), (np.ones_like(x),))[1]  # J @ 1: the rows' sums, not J
+    return jacobian
+
+
+def _max_lowering_from(ctx, x, axes, lowest):
+    dtype = ctx.avals_in[0].dtype
+    return lowering.reduce(ctx, x, ctx.constant(lowest, dtype), "maximum", axes)
+
+
+def max_lowering_from_the_lowest_finite_float(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min  # beats -inf
+    return _max_lowering_from(ctx, x, axes, lowest)
+
+
+def max_lowering_from_minus_a_billion(ctx, x, *, axes):
+    return _max_lowering_from(ctx, x, axes, -1e9)
+
+
+def max_lowering_from_minus_the_largest_integer(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    lowest = -np.inf if np.issubdtype(dtype, np.floating) else -np.iinfo(dtype).max  # one above the minimum
+    return _max_lowering_from(ctx, x, axes, lowest)
+
+
+def max_lowering_from_int32s_minimum(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    lowest = -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(np.int32).min  # not int8's
+    return _max_lowering_from(ctx, x, axes, lowest)
+
+
+def max_lowering_in_float32_always(ctx, x, *, axes):
+    return lowering.reduce(ctx, x, ctx.constant(-np.inf, np.float32), "maximum", axes)
+
+
 # (exercise, planted wrong answer, points it should still get)
 WRONG = [
     ("01.tanh_jvp", tanh_jvp_forgets_the_square, 1),
@@ -232,25 +352,46 @@ WRONG = [
     ("01.tanh_jvp", tanh_jvp_with_the_wrong_sign, 1),
     ("01.tanh_jvp", tanh_jvp_computing_tanh_twice, 4),
     ("01.tanh_jvp", tanh_jvp_returning_only_the_tangent, 0),
+    ("01.tanh_jvp", tanh_jvp_with_x_for_tanh_x, 1),
+    ("01.tanh_jvp", tanh_jvp_returning_x_as_the_primal, 1),
     ("01.reduce_sum_transpose", transpose_without_broadcast, 0),
     ("01.reduce_sum_transpose", transpose_with_numpy_broadcasting, 3),
     ("01.reduce_sum_transpose", transpose_returning_a_bare_array, 0),
-    ("01.reduce_sum_transpose", transpose_with_numpy, 4),
+    ("01.reduce_sum_transpose", transpose_with_numpy, 5),
+    ("01.reduce_sum_transpose", transpose_broadcasting_along_the_summed_axes, 0),
+    ("01.reduce_sum_transpose", transpose_for_one_summed_axis, 5),
+    ("01.reduce_sum_transpose", transpose_dividing_by_the_count, 0),
     ("01.reduce_sum_batch", batch_without_shifting, 0),
-    ("01.reduce_sum_batch", batch_keeping_the_batch_dim, 2),
-    ("01.reduce_sum_batch", batch_with_numpy, 3),
+    ("01.reduce_sum_batch", batch_keeping_the_batch_dim, 1),
+    ("01.reduce_sum_batch", batch_with_numpy, 4),
     ("01.reduce_sum_batch", batch_returning_only_the_array, 0),
-    ("01.logistic", logistic_with_a_scalar_type, 4),
+    ("01.reduce_sum_batch", batch_shifting_only_axes_after_the_batch, 2),
+    ("01.reduce_sum_batch", batch_moving_left_by_every_summed_axis, 4),
+    ("01.reduce_sum_batch", batch_counting_summed_axes_up_to_the_batch, 3),
+    ("01.reduce_sum_batch", batch_output_always_at_zero, 1),
+    ("01.logistic", logistic_with_a_scalar_type, 5),
     ("01.logistic", logistic_jvp_with_numpy, 5),
-    ("01.logistic", logistic_jvp_without_the_tangent, 3),
+    ("01.logistic", logistic_jvp_without_the_tangent, 4),
     ("01.logistic", logistic_batched_at_zero, 5),
+    ("01.logistic", logistic_jvp_with_a_formula_for_the_primal, 6),
+    ("01.logistic", logistic_with_a_float64_type, 6),
+    ("01.logistic", logistic_with_a_shape_for_a_type, 4),
+    ("01.logistic", logistic_batched_with_the_list_of_axes, 5),
     ("01.jacfwd", jacfwd_with_a_loop, 3),
     ("01.jacfwd", jacfwd_transposed, 2),
+    ("01.jacfwd", jacfwd_of_the_primal, 1),
+    ("01.jacfwd", jacfwd_with_the_outputs_as_directions, 2),
+    ("01.jacfwd", jacfwd_along_ones, 1),
     ("01.reduce_max_lowering", max_lowering_starting_at_zero, 1),
     ("01.reduce_max_lowering", max_lowering_with_add, 0),
-    ("01.reduce_max_lowering", max_lowering_starting_at_minus_inf_for_integers_too, 4),
+    ("01.reduce_max_lowering", max_lowering_starting_at_minus_inf_for_integers_too, 6),
     ("01.reduce_max_lowering", max_lowering_with_the_operand_type_as_result, 0),
     ("01.reduce_max_lowering", max_lowering_with_numpy, 0),
+    ("01.reduce_max_lowering", max_lowering_from_the_lowest_finite_float, 6),
+    ("01.reduce_max_lowering", max_lowering_from_minus_a_billion, 4),
+    ("01.reduce_max_lowering", max_lowering_from_minus_the_largest_integer, 6),
+    ("01.reduce_max_lowering", max_lowering_from_int32s_minimum, 6),
+    ("01.reduce_max_lowering", max_lowering_in_float32_always, 1),
 ]
 
 

@@ -50,21 +50,35 @@ def a_model_like_nested_dict(count):
                   what="count(params)")
 
 
-@count_params.case(hint="A Python float is one number; an array of shape (0,) holds none; "
-                        "None is an empty subtree, not a leaf.")
+@count_params.case(points=2, hint="A Python float is one number; an array of shape (0,) holds none; "
+                                  "None is an empty subtree, not a leaf.")
 def scalars_empty_arrays_and_none(count):
     tree = (1.5, np.zeros((0,)), None, {"w": jnp.ones((2, 3))})
     _expect_count(call_on_copies(count, tree, what="count_params"), 1 + 0 + 0 + 6,
                   what="count((1.5, zeros(0), None, {w: 2x3}))")
 
 
+# A 7-billion-parameter model is counted before any memory is allocated, on the shapes that
+# jax.eval_shape returns. Its count is past 2**31, where an int32 sum (jnp's default integer)
+# overflows: OverflowError when jnp.array holds the sizes, a negative number when np.sum is
+# told dtype=int32.
+@count_params.case(points=2, hint="Some counts are past 2**31 - 1, the largest int32: add the sizes as "
+                                  "Python ints (sum(...)), not in a jnp array, whose integers are int32.")
+def abstract_parameters_past_two_to_the_31(count):
+    params = {"embed": jax.ShapeDtypeStruct((50_000, 50_000), jnp.bfloat16),
+              "head": {"kernel": jax.ShapeDtypeStruct((3, 7), jnp.float32)}}
+    _expect_count(call_on_copies(count, params, what="count_params"), 50_000 * 50_000 + 3 * 7,
+                  what="count(jax.eval_shape of a model with a 50000 x 50000 embedding)")
+
+
 tree_axpy = Exercise("00.tree_axpy", "a * x + y, leaf by leaf, over two pytrees")
 
 
-@tree_axpy.case(hint="jax.tree.map(f, x, y) calls f on matching leaves of x and y.")
-def matches_leafwise_arithmetic(axpy):
+@tree_axpy.case(hint="Leaves are matched by their place in the tree (in a dict, by key, whatever order the "
+                    "keys were inserted in), not by their order: jax.tree.map(f, x, y) pairs them so.")
+def matches_leafwise_arithmetic_by_key(axpy):
     x = {"w": np.arange(6.0).reshape(2, 3), "b": np.ones(3)}
-    y = {"w": np.full((2, 3), 10.0), "b": np.arange(3.0)}
+    y = {"b": np.arange(3.0), "w": np.full((2, 3), 10.0)}  # the same tree: a dict's keys, not their order
     expected = {"w": 0.5 * x["w"] + 10.0, "b": 0.5 + np.arange(3.0)}
     expect_close(call_on_copies(axpy, 0.5, x, y, what="tree_axpy"), expected)
 
@@ -77,7 +91,8 @@ def keeps_the_tree_structure(axpy):
     expect_close(call_on_copies(axpy, 2.0, x, y, what="tree_axpy"), expected)
 
 
-@tree_axpy.case(hint="Use jax.numpy operations only, so jax.jit can trace the function.")
+@tree_axpy.case(hint="Use jax.numpy operations only, so jax.jit can trace the function. (If a case above "
+                     "fails too, fix it first: this one runs the same kind of input under jit.)")
 def works_under_jit(axpy):
     x = [jnp.ones((2, 2)), jnp.arange(3.0)]
     y = [jnp.zeros((2, 2)), jnp.ones(3)]
@@ -102,10 +117,15 @@ def matches_the_definition_on_small_logits(softmax_fn):
     expect_close(call_on_copies(softmax_fn, logits, what="softmax"), expected, rtol=1e-5)
 
 
-@softmax.case(points=2, hint="exp(1000.) overflows float32 to inf; subtract the maximum of each "
-                             "row first: softmax(z) = softmax(z - max(z)).")
+# The third row spans 2000: shifting by its minimum or its mean (both harmless on the first
+# two rows) still leaves exp(2000.) or exp(1000.), which overflow.
+@softmax.case(points=2, hint="exp overflows float32 above about 88 (exp(1000.) is inf, and inf / inf is "
+                             "NaN). Softmax does not change when the same number is subtracted from every "
+                             "logit of a row: choose that number so that no exp overflows, whatever the "
+                             "row's range.")
 def large_logits_do_not_overflow(softmax_fn):
-    logits = np.array([[1000.0, 1000.0, 990.0], [-1000.0, -1001.0, -1002.0]], dtype=np.float32)
+    logits = np.array([[1000.0, 1000.0, 990.0], [-1000.0, -1001.0, -1002.0], [1000.0, 0.0, -1000.0]],
+                      dtype=np.float32)
     expected = _reference_softmax(logits)
     got = np.asarray(call_on_copies(softmax_fn, logits, what="softmax"))
     expect(not np.isnan(got).any(), f"{np.isnan(got).sum()} of {got.size} probabilities are NaN")
@@ -119,8 +139,9 @@ def respects_the_axis_argument(softmax_fn):
     expect_close(call_on_copies(softmax_fn, logits, axis=1, what="softmax"), expected, rtol=1e-5)
 
 
-@softmax.case(hint="Use jax.numpy (jnp.exp, jnp.max, jnp.sum), not NumPy: under jax.jit the logits "
-                   "are a traced array, which NumPy functions cannot compute on.")
+@softmax.case(hint="Use jax.numpy (jnp.exp, jnp.sum and the like), not NumPy: under jax.jit the logits are a "
+                   "traced array, which NumPy functions cannot compute on. (If a case above fails too, fix "
+                   "it first: this one runs the same kind of input under jit.)")
 def is_traceable_by_jit(softmax_fn):
     logits = jnp.array([[0.5, -1.0, 2.0], [3.0, 3.0, 3.0]])
     expected = _reference_softmax(logits)
@@ -165,8 +186,9 @@ def returns_n_by_m(dists):
 _FAST_SHAPES = [(3_000_000, 2), (2, 3_000_000)]
 
 
-@pairwise.case(time_limit_s=6, hint="Python loops over rows or pairs are slow: broadcast "
-                                    "x[:, None, :] against y[None, :, :], or expand the square.")
+@pairwise.case(time_limit_s=6, hint="A Python loop over the rows of x or of y (or over pairs) runs "
+                                    "millions of times here. Let broadcasting form every difference at "
+                                    "once: give x and y each a new axis, so that x - y has shape (n, m, d).")
 def is_fast_on_large_inputs(dists):
     rng = np.random.default_rng(2)
     for n, m in _FAST_SHAPES:

@@ -146,8 +146,8 @@ def _tanh_rule(rule):
         yield
 
 
-@tanh_jvp.case(points=2, hint="Return (tanh(x), (1 - tanh(x)**2) * t): the primal output, and the "
-                              "tangent, which is linear in t.")
+@tanh_jvp.case(points=2, hint="A JVP rule returns the pair (primal output, tangent): tanh(x), and the "
+                              "derivative of tanh at x times t, as in the exercise's formula.")
 def jvp_matches_jax(rule):
     x, v = _rng().normal(size=(3, 4)), _rng().normal(size=(3, 4)) * 0.5
     with jax.enable_x64(True):
@@ -225,8 +225,9 @@ def sum_of_everything(rule):
 
 
 @reduce_sum_transpose.case(points=2, hint="The cotangent has the operand's shape without the summed "
-                                          "axes: lax.broadcast_in_dim(ct, shape, kept_axes) puts "
-                                          "them back, with kept_axes = the axes not in `axes`.")
+                                          "axes. The result has the operand's whole shape, with ct's "
+                                          "axes at the positions of the axes that were not summed: "
+                                          "that is what broadcast_dimensions says (exercise text).")
 def sum_over_one_axis(rule):
     x = _rng().normal(size=(3, 4))
     expected = np.broadcast_to(2 * x.sum(axis=0), x.shape)
@@ -246,8 +247,21 @@ def sum_over_a_middle_axis_with_a_general_cotangent(rule):
     expect_close(got, expected, rtol=1e-12, what="vjp of sum(2x, axis=1)")
 
 
-@reduce_sum_transpose.case(hint="Under jit the cotangent is a tracer: build the result with "
-                                "lax.broadcast_in_dim, not NumPy.")
+@reduce_sum_transpose.case(hint="Several summed axes, not next to each other: every summed axis is left "
+                                "out of broadcast_dimensions, not only the first, and the kept axes keep "
+                                "their order.")
+def sum_over_two_separate_axes(rule):
+    x, ct = _rng().normal(size=(2, 3, 4)), _rng().normal(size=3)
+    expected = np.broadcast_to(ct[None, :, None], x.shape)
+    with _transpose_rule(rule):
+        _, f_vjp = st.vjp(lambda x: tnp.sum(x, axis=(0, 2)), x)
+        (got,) = call_on_copies(f_vjp, ct, what="vjp with your rule")
+    expect_close(got, expected, rtol=1e-12, what="vjp of sum(x, axis=(0, 2))")
+
+
+@reduce_sum_transpose.case(points=2, hint="Under jit the cotangent is a tracer: build the result with "
+                                          "lax.broadcast_in_dim, not NumPy. (If a case above fails too, fix "
+                                          "it first: this one runs the same kind of input under jit.)")
 def works_under_jit_and_grad(rule):
     x = _rng().normal(size=(3, 4))
     expected = np.broadcast_to(2 * x.sum(axis=1, keepdims=True), x.shape)
@@ -303,15 +317,24 @@ def nested_vmaps_sum_each_matrix(rule):
     expect_close(got, expected, rtol=1e-12, what="vmap(vmap(sum, in_axes=1), in_axes=3)")
 
 
-@reduce_sum_batch.case(hint="Under jit the batched operand is a tracer: sum it with lax.reduce_sum, "
-                            "not NumPy.")
+@reduce_sum_batch.case(hint="Only the summed axes in front of batch_dim move the output's batch axis: "
+                            "here one summed axis lies before the batch axis and one after it.")
+def batch_between_the_summed_axes(rule):
+    x = _rng().normal(size=(3, 4, 5, 6))
+    expected = x.sum(axis=(0, 3)).T
+    expect_close(_vmap_with(rule, lambda e: tnp.sum(e, axis=(0, 2)), x, in_axes=2), expected, rtol=1e-12,
+                 what="vmap(sum(axis=(0, 2)), in_axes=2)")
+
+
+@reduce_sum_batch.case(hint="This is the case above under jit, where the batched operand is a tracer: sum it "
+                            "with lax.reduce_sum, not NumPy. (If the case above fails too, fix it first.)")
 def works_under_jit_and_vmap(rule):
-    x = _rng().normal(size=(3, 5, 4))
-    expected = x.sum(axis=2).T
+    x = _rng().normal(size=(3, 4, 5, 6))
+    expected = x.sum(axis=(0, 3)).T
     with _batch_rule(rule):
-        got = call_on_copies(st.jit(st.vmap(lambda e: tnp.sum(e, axis=1), in_axes=1)), x,
+        got = call_on_copies(st.jit(st.vmap(lambda e: tnp.sum(e, axis=(0, 2)), in_axes=2)), x,
                              what="jit(vmap) with your rule")
-    expect_close(got, expected, rtol=1e-12, what="jit(vmap(sum(axis=1), in_axes=1))")
+    expect_close(got, expected, rtol=1e-12, what="jit(vmap(sum(axis=(0, 2)), in_axes=2))")
 
 
 # --------------------------------------------------------------------------- 01.logistic
@@ -358,7 +381,8 @@ def _errors_name_the_definitions(define_logistic, what: str):
                               f"{error}{_learner_line(error, define_logistic)}") from None
 
 
-@logistic.case(hint="def_impl takes a function of NumPy arrays: 1 / (1 + np.exp(-x)).")
+@logistic.case(hint="logistic_p.bind on NumPy arrays runs the function given to def_impl: it computes "
+                    "sigma(x) = 1 / (1 + e^-x) with NumPy (item 1 of the exercise).")
 def evaluates_like_the_formula(define_logistic):
     x = _rng().normal(size=(2, 3)) * 3
     expected = _sigmoid(x)
@@ -379,8 +403,9 @@ def stages_to_one_equation(define_logistic):
            f"expected the output type f32[4,2], got {closed.out_avals[0]}")
 
 
-@logistic.case(points=2, hint="The JVP rule returns (y, t * y * (1 - y)) with y = logistic_p.bind(x); "
-                              "reverse mode then needs no rule of its own.")
+@logistic.case(points=2, hint="The JVP rule returns (primal output, tangent), and the tangent is "
+                              "sigma'(x) = sigma(x) (1 - sigma(x)) times the input's tangent (item 3); "
+                              "reverse mode needs no rule of its own, so a right jvp makes grad right.")
 def jvp_and_grad_match_jax(define_logistic):
     x, v = _rng().normal(size=5), _rng().normal(size=5)
     with jax.enable_x64(True):
@@ -395,6 +420,19 @@ def jvp_and_grad_match_jax(define_logistic):
     expect_close(got, expected, rtol=1e-10, atol=1e-12, what="(jvp, grad)")
 
 
+@logistic.case(hint="The JVP rule's primal output must be logistic_p.bind(x), computed once (item 3): "
+                    "a formula of other primitives bypasses the implementation, and the staged program "
+                    "no longer shows logistic.")
+def jvp_computes_its_primal_with_the_primitive(define_logistic):
+    x, v = _rng().normal(size=3), _rng().normal(size=3)
+    with (_defined(define_logistic) as logistic_p,
+          _errors_name_the_definitions(define_logistic, "make_jaxpr of jvp")):
+        staged = st.make_jaxpr(lambda x, v: st.jvp(logistic_p.bind, (x,), (v,)))(x, v)
+    names = [eqn.primitive.name for eqn in staged.eqns]
+    expect(names.count("logistic") == 1,
+           f"jvp(logistic) with your rule stages the equations {names}: expected one 'logistic'")
+
+
 @logistic.case(hint="logistic is elementwise: apply it to the batched array as it is and return the "
                     "batch axis you were given.")
 def vmap_over_any_axis(define_logistic):
@@ -405,17 +443,19 @@ def vmap_over_any_axis(define_logistic):
     expect_close(got, expected, rtol=1e-12, what="vmap(logistic, in_axes=1)")
 
 
-@logistic.case(hint="Under jit every input is a tracer without a value: the rules must compute with "
-                    "primitives (logistic_p.bind, lax.mul, ...), never with NumPy.")
+@logistic.case(hint="Your rules composed: jit, vmap over axis 1, grad. Under jit every input is a tracer "
+                    "without a value, so the rules compute with primitives (logistic_p.bind, lax.mul, ...), "
+                    "never NumPy; and the batching rule returns the batch axis it was given (as in the vmap "
+                    "case).")
 def composes_under_jit_vmap_grad(define_logistic):
     x = _rng().normal(size=(4, 3))
-    expected = _sigmoid(x) * (1 - _sigmoid(x))
+    expected = (_sigmoid(x) * (1 - _sigmoid(x))).T  # vmap over axis 1 puts the batch first
     with (_defined(define_logistic) as logistic_p,
           _errors_name_the_definitions(define_logistic, "jit(vmap(grad))")):
         # interpret=True: this primitive has no lowering rule (the lowering exercise is separate).
-        got = call_on_copies(st.jit(st.vmap(st.grad(lambda r: tnp.sum(logistic_p.bind(r)))), interpret=True),
-                             x, what="jit(vmap(grad)) with your rules")
-    expect_close(got, expected, rtol=1e-10, what="jit(vmap(grad(sum(logistic))))")
+        per_column = st.vmap(st.grad(lambda r: tnp.sum(logistic_p.bind(r))), in_axes=1)
+        got = call_on_copies(st.jit(per_column, interpret=True), x, what="jit(vmap(grad)) with your rules")
+    expect_close(got, expected, rtol=1e-10, what="jit(vmap(grad(sum(logistic)), in_axes=1))")
 
 
 # --------------------------------------------------------------------------- 01.jacfwd
@@ -541,8 +581,8 @@ def _compiled_max(rule, x, axis):
                               f"{error.text}") from None
 
 
-@reduce_max_lowering.case(hint="Reduce with stablehlo.maximum: lowering.reduce(ctx, x, init, "
-                               "'maximum', axes).")
+@reduce_max_lowering.case(hint="The result is not the maximum: check which stablehlo operation "
+                               "lowering.reduce combines the elements with (its `op` argument).")
 def max_of_positive_values(rule):
     x = _rng().uniform(1.0, 2.0, size=(3, 4))
     expected = np.max(x)
@@ -550,15 +590,15 @@ def max_of_positive_values(rule):
 
 
 @reduce_max_lowering.case(points=2, hint="The initial value is combined with every element, so it "
-                                         "must never win: for max that is -inf, not 0.")
+                                         "must never win: when every element is negative, 0 wins.")
 def max_of_negative_values_over_one_axis(rule):
     x = -_rng().uniform(1.0, 2.0, size=(3, 4))
     expected = np.max(x, axis=1)
     expect_close(_compiled_max(rule, x, 1), expected, rtol=0, atol=0, what="jit(max(x, axis=1)) for x < 0")
 
 
-@reduce_max_lowering.case(hint="Build the initial value in the operand's dtype: "
-                               "ctx.constant(value, ctx.avals_in[0].dtype).")
+@reduce_max_lowering.case(hint="The initial value must have the operand's dtype (float32 here, not "
+                               "float64): ctx.avals_in holds the operand's abstract value.")
 def a_middle_axis_of_float32(rule):
     x = (_rng().normal(size=(2, 3, 4)) - 3.0).astype(np.float32)
     expected = np.max(x, axis=1)
@@ -568,11 +608,30 @@ def a_middle_axis_of_float32(rule):
     expect_close(got, expected, rtol=0, atol=0, what="jit(max(x, axis=1)) for float32 x of shape (2, 3, 4)")
 
 
-@reduce_max_lowering.case(hint="Integers have no -inf: start from the smallest value of the dtype, "
-                               "np.iinfo(dtype).min.")
-def integers(rule):
+# A fully masked row of attention scores is all -inf, and its maximum is -inf: an initial
+# value of np.finfo(dtype).min, or any large negative number, wins there. The finite row
+# below -1e30 catches "large" negative numbers that are not large enough.
+@reduce_max_lowering.case(points=2, hint="A row of -inf (every score masked) must come out -inf, and a row "
+                                         "whose largest value is -1e31 must come out -1e31: the initial "
+                                         "value must lose to every float, which np.finfo(dtype).min or a "
+                                         "number like -1e9 do not.")
+def a_row_of_minus_infinity_stays_minus_infinity(rule):
+    for dtype in (np.float32, np.float64):
+        x = np.array([[-np.inf, -np.inf, -np.inf], [-np.inf, 2.0, 0.5], [-3e38, -np.inf, -1e31]], dtype)
+        expected = np.max(x, axis=1)
+        expect_close(_compiled_max(rule, x, 1), expected, rtol=0, atol=0,
+                     what=f"jit(max(x, axis=1)) for {np.dtype(dtype).name} rows of -inf")
+
+
+@reduce_max_lowering.case(points=2, hint="Integers have no -inf: the initial value must not win even against "
+                                         "the smallest value of the operand's own dtype "
+                                         "(np.iinfo(dtype).min, for int8 as for int32).")
+def integers_down_to_the_smallest_value_of_their_dtype(rule):
     x = _rng().integers(-100, -1, size=(4, 3)).astype(np.int32)
-    expected = np.max(x, axis=0)
-    expect_close(_compiled_max(rule, x, 0), expected, rtol=0, atol=0,
-                 what="jit(max(x, axis=0)) for int32 x < 0")
+    x[1] = np.iinfo(np.int32).min
+    expect_close(_compiled_max(rule, x, 1), np.max(x, axis=1), rtol=0, atol=0,
+                 what="jit(max(x, axis=1)) for int32 x < 0 with a row of int32's minimum")
+    x8 = np.array([[-128, -128], [-128, -3], [7, -128]], np.int8)
+    expect_close(_compiled_max(rule, x8, 1), np.max(x8, axis=1), rtol=0, atol=0,
+                 what="jit(max(x, axis=1)) for int8 x with a row of int8's minimum, -128")
 

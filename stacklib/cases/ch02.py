@@ -27,8 +27,8 @@ def stores_kernel_in_by_out_and_bias_as_params(Linear):
            f"expected state {{'bias': Param (5,), 'kernel': Param (3, 5)}}, got {shapes}")
 
 
-@linear.case(points=2, hint="Initialise the kernel with jax.nn.initializers.lecun_normal() and the "
-                            "key rngs.params(), drawn before the bias's; the bias starts at zero.")
+@linear.case(points=2, hint="Initialise the kernel in float32 with jax.nn.initializers.lecun_normal() "
+                            "and the key rngs.params(), drawn before the bias's; the bias starts at zero.")
 def initial_weights_equal_flax_from_the_same_seed(Linear):
     for seed, (din, dout) in [(0, (3, 5)), (7, (16, 2))]:
         reference = flax_nnx.Linear(din, dout, rngs=flax_nnx.Rngs(seed))
@@ -46,7 +46,7 @@ def draws_two_keys_like_flax(Linear):
     expect(count == 2, f"the params stream handed out {count} key(s); Flax's Linear draws 2")
 
 
-@linear.case(hint="y = x @ kernel + bias over the last axis; read Variables with v[...].")
+@linear.case(points=2, hint="y = x @ kernel + bias over the last axis; read Variables with v[...].")
 def computes_x_at_kernel_plus_bias_on_any_batch_shape(Linear):
     layer = Linear(4, 3, rngs=nnx.Rngs(1))
     expect(tuple(layer.kernel.shape) == (4, 3), f"kernel shape {tuple(layer.kernel.shape)}, expected (4, 3)")
@@ -106,6 +106,21 @@ def draws_the_same_mask_as_nnx_dropout(dropout_fn):
     expect_close(dropout_fn(x, 0.25, nnx.Rngs(dropout=3)), expected, rtol=1e-6, atol=0)
 
 
+@dropout.case(hint="At rate 0 nothing is dropped and at rate 1 everything is: return x, or zeros shaped "
+                   "like x, without drawing a key, as nnx.Dropout does. At rate 1, x / (1 - rate) divides "
+                   "by zero, and x * mask / 0 is NaN.")
+def rates_0_and_1_return_x_or_zeros_and_draw_no_key(dropout_fn):
+    x = jnp.arange(1.0, 7.0).reshape(2, 3)
+    rngs = nnx.Rngs(dropout=0)
+    expect_equal(dropout_fn(x, 0.0, rngs), x, what="dropout(x, rate=0.0)")
+    dropped = dropout_fn(x, 1.0, rngs)
+    expect(not np.isnan(np.asarray(dropped)).any(), f"dropout(x, rate=1.0) returned NaNs: {dropped}")
+    expect_equal(dropped, jnp.zeros_like(x), what="dropout(x, rate=1.0)")
+    count = int(rngs.dropout.count[...])
+    expect(count == 0, f"the calls with rate 0 and rate 1 drew {count} key(s) from the stream; nnx.Dropout "
+                       "draws none, so the masks of later calls would differ from Flax's")
+
+
 @dropout.case(hint="Each call must take a fresh key from the stream (rngs.dropout()), never a fixed one.")
 def advances_the_stream_so_masks_differ(dropout_fn):
     rngs = nnx.Rngs(dropout=0)
@@ -141,8 +156,8 @@ def returns_what_the_model_returns(call):
     expect_close(got[0], expected, what="the output")
 
 
-@functional_call.case(hint="After calling the merged model, return nnx.state(model): the dropout "
-                           "counter has advanced.")
+@functional_call.case(hint="Return the model's state after the call, whose dropout counter has "
+                           "advanced, not the state you were given.")
 def returns_the_new_state(call):
     graphdef, state = nnx.split(_Noisy(nnx.Rngs(0)))
     _, new_state = call(graphdef, state, jnp.ones((2, 4)))
@@ -150,8 +165,9 @@ def returns_the_new_state(call):
     expect(count == 1, f"the returned state's dropout counter is {count}, expected 1")
 
 
-@functional_call.case(points=2, hint="merge puts the state's own Variables into the model, so calling it "
-                                     "mutates them; merge with copy=True to leave the input untouched.")
+@functional_call.case(points=2, hint="merge puts the state's own Variables into the model, so calling the "
+                                     "model changed the state you were given: see merge's copy argument "
+                                     "(exercise text).")
 def leaves_the_input_state_unchanged(call):
     graphdef, state = nnx.split(_Noisy(nnx.Rngs(0)))
     x = jnp.ones((2, 4))
@@ -162,7 +178,9 @@ def leaves_the_input_state_unchanged(call):
     expect_close(second, first, what="a second call with the same state")
 
 
-@functional_call.case(hint="Use only merge, the call and nnx.state: then jax.jit compiles it once.")
+@functional_call.case(hint="Use only merge, the call and nnx.state, and return the state after the call: "
+                           "then jax.jit compiles it once and the dropout counter advances from call to "
+                           "call.")
 def compiles_once_under_jit(call):
     traces = []
 
@@ -183,8 +201,8 @@ def compiles_once_under_jit(call):
 rms_norm = Exercise("02.rms_norm", "RMSNorm")
 
 
-@rms_norm.case(points=2, hint="y = x / sqrt(mean(x**2, axis=-1, keepdims=True) + epsilon) * scale; "
-                              "no mean is subtracted.")
+@rms_norm.case(points=2, hint="Each vector (the last axis) is divided by its root mean square, then "
+                              "multiplied by scale; no mean is subtracted (the formula above the exercise).")
 def matches_flax_rmsnorm(norm):
     x = jax.random.normal(jax.random.key(0), (3, 5, 8)) * 3 + 1
     reference = flax_nnx.RMSNorm(8, rngs=flax_nnx.Rngs(0))
@@ -193,8 +211,8 @@ def matches_flax_rmsnorm(norm):
     expect_close(norm(x, scale), reference(x), rtol=1e-5, atol=1e-6)
 
 
-@rms_norm.case(hint="epsilon goes inside the square root: sqrt(mean(x**2) + epsilon); its default is "
-                    "1e-6, as in Flax.")
+@rms_norm.case(points=2, hint="epsilon goes inside the square root: sqrt(mean(x**2) + epsilon); its default "
+                              "is 1e-6, as in Flax.")
 def respects_epsilon_inside_the_root_and_its_default(norm):
     x = jnp.full((1, 4), 1e-3)  # mean(x**2) = 1e-6, the size of the default epsilon
     expect_close(norm(x, jnp.ones(4), epsilon=1e-2), np.full((1, 4), 1e-3 / np.sqrt(1e-6 + 1e-2)), rtol=1e-5,
@@ -203,18 +221,24 @@ def respects_epsilon_inside_the_root_and_its_default(norm):
                  what="rms_norm(x, scale) with the default epsilon")
 
 
-@rms_norm.case(hint="Cast the result back to x.dtype: y.astype(x.dtype).")
-def returns_bfloat16_for_bfloat16_input(norm):
+# The scale is float32, as a parameter often is, while x is bfloat16: the result follows x's
+# dtype, not the scale's, nor what their product promotes to.
+@rms_norm.case(points=2, hint="The result has x's dtype, whatever scale's dtype is: cast the finished "
+                              "product back to x.dtype, once, at the end.")
+def returns_bfloat16_for_bfloat16_input_and_float32_scale(norm):
     x = (jax.random.normal(jax.random.key(1), (4, 64)) * 50).astype(jnp.bfloat16)
+    scale = jnp.linspace(0.5, 2.0, 64, dtype=jnp.float32)
     x32 = np.asarray(x, np.float32)
-    expected = x32 / np.sqrt((x32**2).mean(-1, keepdims=True) + 1e-6)
-    y = norm(x, jnp.ones(64, jnp.bfloat16))
-    expect(y.dtype == jnp.bfloat16, f"expected a bfloat16 result, got {y.dtype}")
+    expected = x32 / np.sqrt((x32**2).mean(-1, keepdims=True) + 1e-6) * np.asarray(scale)
+    y = norm(x, scale)
+    expect(y.dtype == jnp.bfloat16, f"for bfloat16 x and a float32 scale, expected a bfloat16 result, "
+                                    f"got {y.dtype}")
     expect_close(np.asarray(y, np.float32), expected, rtol=2e-2, atol=2e-2)
 
 
-@rms_norm.case(hint="Compute the statistics in float32: x32 = x.astype(jnp.float32), then mean(x32**2), the "
-                    "root and the product in float32, and round to bfloat16 once, at the end.")
+@rms_norm.case(hint="A row's scale is off by more than bfloat16's rounding: the mean of squares, the root "
+                    "and the product must be computed in float32 (cast x first), and the result rounded to "
+                    "x's dtype once, at the end.")
 def computes_the_statistics_in_float32(norm):
     x = (jax.random.normal(jax.random.key(2), (8, 1024)) * 50).astype(jnp.bfloat16)
     x64 = np.asarray(x, np.float64)

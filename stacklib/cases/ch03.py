@@ -41,8 +41,8 @@ def _update(tx, updates, state, params=None, *, jit=False):
 adam = Exercise("03.scale_by_adam", "scale_by_adam")
 
 
-@adam.case(hint="init returns ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros like params, "
-                "nu=zeros like params).")
+@adam.case(points=2, hint="init returns ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros like "
+                          "params, nu=zeros like params).")
 def init_returns_count_and_zero_moments(scale_by_adam):
     params = _random_tree(0)
     expected_paths = _state_paths(optax.scale_by_adam().init(params))
@@ -50,7 +50,10 @@ def init_returns_count_and_zero_moments(scale_by_adam):
     state = _init(scale_by_adam(), params)
     expect(_state_paths(state) == expected_paths,
            f"state paths {_state_paths(state)}, expected {expected_paths}")
-    expect(int(state.count) == 0 and jnp.asarray(state.count).dtype == jnp.int32, "count must be int32 zero")
+    count = state.count
+    expect(getattr(count, "dtype", None) == jnp.int32 and np.shape(count) == () and int(count) == 0,
+           f"count is {count!r} ({type(count).__name__}): init must return count = jnp.zeros([], jnp.int32), "
+           "an int32 array of shape (), not a Python number or a float")
     expect_close(state.mu, zeros, what="mu")
     expect_close(state.nu, zeros, what="nu")
 
@@ -81,8 +84,9 @@ def matches_optax_for_30_steps_in_float64(scale_by_adam):
         expect_close(my_state.nu, their_state.nu, rtol=1e-10, atol=1e-12, what="nu after 30 steps")
 
 
-@adam.case(hint="Use jax.numpy and jax.tree.map only: no Python conditionals on the count, and no "
-                "int(count) or float(count), which need a value that a traced count does not have.")
+@adam.case(points=2, hint="Use jax.numpy and jax.tree.map only: no Python conditionals on the count, and no "
+                          "int(count) or float(count), which need a value that a traced count does not have. "
+                          "The returned state holds the new count: 3 after three steps.")
 def works_under_jit(scale_by_adam):
     tx = scale_by_adam()
     params = _random_tree(3)
@@ -105,9 +109,9 @@ def hits_the_landmarks(make_schedule):
                  what="values at steps 0, 5, 10, 100, 150")
 
 
-@warmup_cosine.case(points=2, hint="The cosine part lasts T = decay_steps - warmup_steps steps and sees "
-                                   "t = step - warmup_steps: peak * ((1 - a) * 0.5 * (1 + cos(pi t / T)) "
-                                   "+ a), with a = end_value / peak_value.")
+@warmup_cosine.case(points=2, hint="Some steps differ from optax: check that the warm-up starts at "
+                                   "init_value, that decay_steps counts the warm-up too (T = decay_steps "
+                                   "- warmup_steps), and that t is clipped to [0, T], as in the formula.")
 def matches_optax_at_every_step(make_schedule):
     for args in [(0.0, 1.0, 10, 100, 0.1), (1e-4, 3e-3, 50, 300, 0.0)]:
         schedule, reference = make_schedule(*args), optax.warmup_cosine_decay_schedule(*args)
@@ -117,8 +121,9 @@ def matches_optax_at_every_step(make_schedule):
         expect_close(got, expected, rtol=1e-5, atol=1e-7, what=f"schedule{args} over steps 0..{args[3] + 19}")
 
 
-@warmup_cosine.case(hint="The step is a traced array under jit: combine the two phases with jnp.where, "
-                         "not a Python `if`.")
+@warmup_cosine.case(points=2, hint="The step is a traced array under jit: combine the two phases with "
+                                   "jnp.where, not a Python `if`. (If a case above fails too, fix it first: "
+                                   "this one runs the same kind of input under jit.)")
 def works_on_traced_step_counts(make_schedule):
     schedule = make_schedule(0.0, 1.0, 10, 100, 0.1)
     got = jax.jit(jax.vmap(schedule))(jnp.arange(120))
@@ -146,16 +151,25 @@ def shortens_long_updates_to_max_norm_keeping_direction(clip_by_global_norm):
     expect_close(clipped, expected, rtol=1e-5, what="the clipped tree")
 
 
-@clip.case(hint="Leave updates whose global norm is below max_norm exactly as they are.")
-def leaves_short_updates_alone(clip_by_global_norm):
+# An all-zero update (a frozen layer, a batch that masks everything) has norm 0, below any
+# max_norm: it must come back as zeros. g / norm * min(norm, max_norm) gives 0 / 0 = NaN there.
+@clip.case(points=2, hint="Leave updates whose global norm is below max_norm exactly as they are, including "
+                          "an all-zero update, whose norm is 0: nothing may divide by that norm unless it is "
+                          "chosen.")
+def leaves_short_updates_alone_even_all_zero_ones(clip_by_global_norm):
+    tx = clip_by_global_norm(1.0)
     grads = {"a": jnp.array([0.3, 0.0]), "b": jnp.array([[0.4]])}
     expected = {"a": np.array([0.3, 0.0]), "b": np.array([[0.4]])}
-    tx = clip_by_global_norm(1.0)
     unchanged, _ = _update(tx, grads, _init(tx, grads))
     expect_close(unchanged, expected, rtol=1e-6, atol=0)
+    zeros = {"a": jnp.zeros(2), "b": jnp.zeros((1, 1))}
+    unchanged, _ = _update(tx, zeros, _init(tx, zeros))
+    expect_close(unchanged, jax.tree.map(np.asarray, zeros), rtol=0, atol=0, what="an all-zero update")
 
 
-@clip.case(hint="Compute the norm with jnp and choose with jnp.where (or scale by jnp.minimum(1, max/norm)).")
+@clip.case(points=2, hint="Under jit the norm is a traced value: a Python `if`, min() or float() on it "
+                          "cannot work, so choose with jax.numpy (the note above the exercises). (If a case "
+                          "above fails too, fix it first: this one runs the same kind of input under jit.)")
 def matches_optax_under_jit(clip_by_global_norm):
     for seed, max_norm in [(0, 0.5), (1, 100.0)]:
         grads = _random_tree(seed)
@@ -196,17 +210,19 @@ def starts_over_after_each_step(accumulate_gradients):
     expect_close(emitted, [0.0, -2.0, 0.0, -15.0], rtol=1e-6, what="four updates with k=2")
 
 
-@accumulate.case(hint="The inner optimizer must see only the mean gradient, once per k calls, and keep its "
-                      "state unchanged in between.")
-def equals_one_big_batch_momentum_step(accumulate_gradients):
+@accumulate.case(points=2, hint="The inner optimizer must see only the mean gradient, once per k calls, with "
+                                "the params passed on (weight decay reads them), and keep its state "
+                                "unchanged in between.")
+def equals_one_big_batch_step_of_momentum_with_weight_decay(accumulate_gradients):
     w = jnp.array([0.5, -1.0, 2.0])
     x = jax.random.normal(jax.random.key(0), (32, 3))
     loss = lambda w, x: jnp.mean((x @ w - 1.0) ** 2)  # noqa: E731
-    # SGD with momentum: stateful, and (unlike Adam) not blind to the gradient's scale.
-    big = optax.sgd(0.1, momentum=0.9)
+    # SGD with momentum: stateful, and (unlike Adam) not blind to the gradient's scale. Weight
+    # decay needs the params: an update that does not pass them on fails here.
+    big = optax.chain(optax.add_decayed_weights(0.01), optax.sgd(0.1, momentum=0.9))
     expected = []
     big_state = big.init(w)
-    tx = accumulate_gradients(ours.sgd(0.1, momentum=0.9), 4)
+    tx = accumulate_gradients(ours.chain(ours.add_decayed_weights(0.01), ours.sgd(0.1, momentum=0.9)), 4)
     state = _init(tx, w)
     for half in x.reshape(2, 16, 3):
         step, big_state = big.update(jax.grad(loss)(w, half), big_state, w)
@@ -216,8 +232,10 @@ def equals_one_big_batch_momentum_step(accumulate_gradients):
         expect_close(updates, expected[-1], rtol=1e-5, atol=1e-6, what=f"accumulated step {len(expected)}")
 
 
-@accumulate.case(hint="Under jit the counter is traced: compute both branches and select with jnp.where "
-                      "(or jax.lax.cond); a Python `if` on it cannot work.")
+@accumulate.case(points=2, hint="Under jit the counter is traced: compute both branches and select with "
+                                "jnp.where (or jax.lax.cond); a Python `if` on it cannot work. The 4th call "
+                                "with k=2 must step. (If a case above fails too, fix it first: this one runs "
+                                "the same kind of input under jit.)")
 def compiles_once_under_jit(accumulate_gradients):
     tx = accumulate_gradients(ours.adam(0.1), 2)
     params = jnp.ones(3)

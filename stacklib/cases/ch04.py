@@ -6,6 +6,7 @@ changes its inputs in place cannot change what it is compared with; it fails wit
 message that says so instead.
 """
 
+import itertools
 import json
 import operator
 
@@ -23,11 +24,13 @@ def _order(position, n, seed):
     return [int(position(i, n, seed)) for i in range(n)]
 
 
-@index_shuffle.case(points=2, hint="Two indices must never land on the same position: use a bijection "
-                                   "(a Feistel network on b bits) and cycle-walk: while the result is >= n, "
-                                   "apply it again.")
+# 300 and 2000 need 9 and 11 bits: odd widths, where halves of unequal size break the network.
+@index_shuffle.case(points=3, hint="Two indices landed on the same position, or one outside range(n): the "
+                                   "network must be a bijection on b bits (b even, both halves b/2 bits, F "
+                                   "masked to b/2 bits), and cycle walking must repeat until the result is "
+                                   "below n (steps 1 to 3 of the recipe).")
 def is_a_permutation_of_every_length(position):
-    for n in (1, 2, 3, 10, 100, 1000):
+    for n in (1, 2, 3, 10, 100, 300, 1000, 2000):
         for seed in (0, 1):
             order = _order(position, n, seed)
             missing = sorted(set(range(n)) - set(order))[:5]
@@ -35,11 +38,16 @@ def is_a_permutation_of_every_length(position):
                    f"n={n}, seed={seed}: not a permutation of range({n}); e.g. never produced {missing}")
 
 
-@index_shuffle.case(hint="The position must depend only on (index, n, seed), and the seed must change it.")
+# A shuffle that ignores its seed gives every epoch the same order: worth as much as the other
+# properties, so 2 points, and five seeds must give five different orders.
+@index_shuffle.case(points=2, hint="The position must depend only on (index, n, seed), and every seed must "
+                                   "give its own order: F must use the seed (step 2 of the recipe).")
 def is_deterministic_and_depends_on_the_seed(position):
     first, again = _order(position, 100, 3), _order(position, 100, 3)
     expect(first == again, "two calls with seed 3 gave different orders")
-    expect(_order(position, 100, 3) != _order(position, 100, 4), "seeds 3 and 4 gave the same order")
+    orders = [_order(position, 100, seed) for seed in range(5)]
+    for a, b in itertools.combinations(range(5), 2):
+        expect(orders[a] != orders[b], f"seeds {a} and {b} gave the same order")
 
 
 @index_shuffle.case(points=2, hint="A rotation or a multiplication modulo n is a permutation but not a "
@@ -74,7 +82,24 @@ def mixes_the_bits_of_the_index(position):
                    "not mix, so the order has a pattern")
 
 
-@index_shuffle.case(points=2, time_limit_s=5, hint="Do not build the permutation: 10**12 indices do "
+# With an odd number of bits, halves of b // 2 and b - b // 2 bits, and an even number of
+# rounds, the network is still a bijection, but F's output (b // 2 bits) never reaches the
+# wider half's top bit: bit b - 1 of the position is always bit b - 1 of the index.
+@index_shuffle.case(hint="Some bit of the position equals the same bit of the index for (almost) every "
+                         "index: with an odd number of bits, the halves differ in size and F never reaches "
+                         "the wider half's top bit. Use an even number of bits (step 1 of the recipe).")
+def no_bit_of_the_index_stays_in_place(position):
+    for n in (512, 2048):  # 9 and 11 bits: powers of two, so every index is in the block
+        for seed in (0, 1):
+            order = np.array(_order(position, n, seed))
+            for bit in range(n.bit_length() - 1):
+                kept = float(((order >> bit) & 1 == (np.arange(n) >> bit) & 1).mean())
+                expect(abs(kept - 0.5) < 0.2,  # a shuffle: 0.5 +- 0.03; a bit left in place: 1.0
+                       f"n={n}, seed {seed}: bit {bit} of the position equals bit {bit} of the index for "
+                       f"{kept:.0%} of the indices, where a shuffle gives about 50%")
+
+
+@index_shuffle.case(points=3, time_limit_s=5, hint="Do not build the permutation: 10**12 indices do "
                                                    "not fit in memory. Compute only the index asked for.")
 def answers_one_index_of_a_trillion(position):
     n = 10**12
@@ -120,11 +145,15 @@ def stacks_dict_records_field_by_field(make_batches):
     expect_equal(_batches(make_batches, records, 2), expected, what="batches of dicts")
 
 
-@batch.case(hint="ceil(n / b) batches: 10 records in batches of 5 make 2, not 3; 3 records in batches of 8 "
-                 "make one short batch, or none with drop_remainder.")
-def has_no_empty_batch_at_exact_multiples(make_batches):
+@batch.case(hint="ceil(n / b) batches, or n // b with drop_remainder: 10 records in batches of 5 make 2 "
+                 "either way (no remainder to drop); 3 records in batches of 8 make one short batch, or none "
+                 "with drop_remainder.")
+def has_no_empty_batch_and_drops_only_a_remainder_at_exact_multiples(make_batches):
     got = _batches(make_batches, list(range(10)), 5)
     expect(len(got) == 2, f"10 records, batch size 5: expected 2 batches, got {len(got)}")
+    expected = _reference_batches(list(range(10)), 5, True)
+    expect_equal(_batches(make_batches, list(range(10)), 5, drop_remainder=True), expected,
+                 what="make_batches(range(10), 5, drop_remainder=True)")
     expect_equal(_batches(make_batches, [1, 2, 3], 8), [np.array([1, 2, 3])],
                  what="make_batches([1, 2, 3], 8)")
     got = _batches(make_batches, [1, 2, 3], 8, drop_remainder=True)
@@ -132,12 +161,26 @@ def has_no_empty_batch_at_exact_multiples(make_batches):
            f"3 records, batch size 8, drop_remainder=True: expected no batches ([]), got {got!r:.80}")
 
 
+@batch.case(hint="No records make no batches: return [] for an empty list, without looking at records[0] "
+                 "to decide how to stack.")
+def no_records_make_no_batches(make_batches):
+    for drop_remainder in (False, True):
+        got = _batches(make_batches, [], 4, drop_remainder=drop_remainder)
+        expect(len(got) == 0, f"make_batches([], 4, drop_remainder={drop_remainder}): expected [], "
+                              f"got {got!r:.80}")
+
+
 # 04.iterator_state ----------------------------------------------------------------------
 
 iterator_state = Exercise("04.iterator_state", "A batching iterator that can be saved and restored")
 
-_WITH_HOLES = [0, None, 2, 3, None, 5, 6, None, None, 9, 10]
-_EXPECTED = [[0, 2], [3, 5], [6, 9], [10]]
+# The elements differ from their positions (an iterator that returns indices is caught), one
+# of them is falsy (`if element:` is not `is not None`), and the list ends with Nones after a
+# full batch, so the last read finds nothing: next() must then raise StopIteration, not
+# return []. In batches of 3 the last batch is short instead.
+_WITH_HOLES = [0, None, 20, 30, None, 50, 60, None, None, 90, 100, None, 110, None, None]
+_EXPECTED = [[0, 20], [30, 50], [60, 90], [100, 110]]
+_EXPECTED_IN_THREES = [[0, 20, 30], [50, 60, 90], [100, 110]]
 
 
 def _given(dataset):
@@ -153,32 +196,36 @@ def _expect_unchanged(given, original):
         )
 
 
-@iterator_state.case(hint="Skip None elements (filtered out); the last batch may be short; "
-                          "then raise StopIteration.")
+@iterator_state.case(hint="Return the elements (not their positions), skipping only the Nones; the last "
+                          "batch may be short but never empty: when only Nones are left, raise "
+                          "StopIteration.")
 def iterates_batches_skipping_nones(BatchIterator):
-    dataset = _given(_WITH_HOLES)
-    got = [list(b) for b in BatchIterator(dataset, 2)]
-    _expect_unchanged(dataset, _WITH_HOLES)
-    expect(got == _EXPECTED, f"expected {_EXPECTED}, got {got}")
+    for batch_size, expected in ((2, _EXPECTED), (3, _EXPECTED_IN_THREES)):
+        dataset = _given(_WITH_HOLES)
+        got = [list(b) for b in BatchIterator(dataset, batch_size)]
+        _expect_unchanged(dataset, _WITH_HOLES)
+        expect(got == expected, f"batch size {batch_size}: expected {expected}, got {got}")
 
 
 @iterator_state.case(points=2, hint="Store the index of the next element to read (not the number of batches: "
                                     "Nones make batches span more elements than batch_size).")
 def a_restored_iterator_continues_exactly_at_every_step(BatchIterator):
-    dataset = _given(_WITH_HOLES)
-    iterator = BatchIterator(dataset, 2)
-    for consumed in range(len(_EXPECTED) + 1):
-        state = json.loads(json.dumps(iterator.get_state()))
-        fresh_dataset = _given(_WITH_HOLES)
-        fresh = BatchIterator(fresh_dataset, 2)
-        fresh.set_state(state)
-        rest = [list(b) for b in fresh]
-        _expect_unchanged(dataset, _WITH_HOLES)
-        _expect_unchanged(fresh_dataset, _WITH_HOLES)
-        expect(rest == _EXPECTED[consumed:],
-               f"restored after {consumed} batches: expected {_EXPECTED[consumed:]}, got {rest}")
-        if consumed < len(_EXPECTED):
-            next(iterator)
+    for batch_size, expected in ((2, _EXPECTED), (3, _EXPECTED_IN_THREES)):
+        dataset = _given(_WITH_HOLES)
+        iterator = BatchIterator(dataset, batch_size)
+        for consumed in range(len(expected) + 1):
+            state = json.loads(json.dumps(iterator.get_state()))
+            fresh_dataset = _given(_WITH_HOLES)
+            fresh = BatchIterator(fresh_dataset, batch_size)
+            fresh.set_state(state)
+            rest = [list(b) for b in fresh]
+            _expect_unchanged(dataset, _WITH_HOLES)
+            _expect_unchanged(fresh_dataset, _WITH_HOLES)
+            expect(rest == expected[consumed:],
+                   f"batch size {batch_size}, restored after {consumed} batches: expected "
+                   f"{expected[consumed:]}, got {rest}")
+            if consumed < len(expected):
+                next(iterator)
 
 
 class _ReadLog(list):
@@ -201,9 +248,10 @@ class _ReadLog(list):
             yield self[i]
 
 
-@iterator_state.case(hint="set_state must go straight to the saved position: replaying the batches returned "
-                          "so far from the start re-reads (in a real pipeline: recomputes) everything before "
-                          "it. Store the index of the next element to read.")
+@iterator_state.case(points=2, hint="set_state must go straight to the saved position: replaying the batches "
+                                    "returned so far from the start re-reads (in a real pipeline: "
+                                    "recomputes) everything before it. Store the index of the next element "
+                                    "to read.")
 def restoring_does_not_read_the_data_again(BatchIterator):
     holes = [None if i % 3 == 1 else i for i in range(60)]
     kept = [i for i, x in enumerate(holes) if x is not None]
@@ -223,7 +271,8 @@ def restoring_does_not_read_the_data_again(BatchIterator):
                       f"{again[:3]}{'...' if len(again) > 3 else ''} again before returning {got}")
 
 
-@iterator_state.case(hint="get_state returns a small dict of numbers, not the elements themselves.")
+@iterator_state.case(points=2, hint="get_state returns a small dict of numbers, not the elements "
+                                    "themselves.")
 def the_state_is_small_json(BatchIterator):
     records = [None if i % 10 == 3 else i for i in range(1000)]
     dataset = _given(records)
@@ -237,18 +286,21 @@ def the_state_is_small_json(BatchIterator):
                             f"{text:.60}...")
 
 
-@iterator_state.case(hint="set_state must also move an iterator that has already run (rewind it), and "
-                          "get_state must return a new dict, not one the iterator keeps changing.")
-def set_state_rewinds_a_running_iterator(BatchIterator):
+@iterator_state.case(points=2, hint="set_state must also move an iterator that has already run (rewind it), "
+                                    "and the state dicts belong to the caller: get_state returns a new dict, "
+                                    "and the iterator never changes a dict given to set_state (copy what you "
+                                    "keep).")
+def set_state_rewinds_a_running_iterator_as_often_as_asked(BatchIterator):
     dataset = _given(_WITH_HOLES)
     iterator = BatchIterator(dataset, 2)
     next(iterator)
     state = iterator.get_state()
     next(iterator), next(iterator)
-    iterator.set_state(state)
-    got = list(next(iterator))
+    for attempt in ("after set_state", "after a second set_state from the same dict"):
+        iterator.set_state(state)
+        got = list(next(iterator))
+        expect(got == _EXPECTED[1], f"{attempt}, expected {_EXPECTED[1]}, got {got}")
     _expect_unchanged(dataset, _WITH_HOLES)
-    expect(got == _EXPECTED[1], f"after set_state, expected {_EXPECTED[1]}, got {got}")
 
 
 # 04.even_split --------------------------------------------------------------------------
