@@ -12,7 +12,7 @@ NOTEBOOKS := chapters
 PYTEST_NOTEBOOK_FLAGS := --nbval-lax --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
-.PHONY: install book test test-fast notebooks exercises grade bench margins lint lock clean
+.PHONY: install book test test-fast test-py313 test-accelerator notebooks exercises grade bench margins lint lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,41 @@ test: $(STAMP)  ## everything: units, parity, grading, every notebook, structura
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" tests
+
+# Colab runs Python 3.13: the same pinned stack in a second venv, the Python tests (not the
+# slow ones) and chapters 00, 01, 12, 14 with their solutions and exercises. Not part of `make
+# test` (it would break its 15-minute budget). On a pyenv machine python3.13 is found under
+# ~/.pyenv/versions; elsewhere pass PYTHON313=/path/to/python3.13.
+PYTHON313 ?= $(or $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13)),python3.13)
+VENV313 := .venv313
+STAMP313 := $(VENV313)/.installed-stamp
+PY313_NOTEBOOKS := 00_how_to_use 01_transforms 12_llm_training 14_inference
+
+$(STAMP313): pyproject.toml constraints.txt
+	$(PYTHON313) -m venv $(VENV313)
+	$(VENV313)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV313)/bin/python -m pip install --quiet --no-compile -c constraints.txt -e ".[book,test]"
+	touch $(STAMP313)
+
+test-py313: $(STAMP313)  ## the Python tests and chapters 00, 01, 12, 14 (+ exercises) on Python 3.13
+	JAX_PLATFORMS=cpu $(VENV313)/bin/python -m pytest -n 2 --dist loadfile $(PYTEST_NOTEBOOK_FLAGS) \
+		-m "not slow" tests $(PY313_NOTEBOOKS:%=chapters/%.ipynb)
+	JAX_PLATFORMS=cpu $(VENV313)/bin/python -m pytest -n 2 --dist loadfile tests/test_grade_solutions.py \
+		tests/test_grade_exercises.py -k "$(subst $(eval) , or ,$(PY313_NOTEBOOKS))"
+
+# On a GPU or TPU (or a Colab TPU runtime: benchmarks/run_accelerator_tests.ipynb): install the
+# accelerator build of the pinned JAX, then tests/accelerator (native Pallas kernels, chapter 12's
+# MFU, the serving benchmarks) and every chapter at its accelerator row. Where JAX sees only a
+# CPU, the accelerator tests are reported as skipped and no chapter runs: nothing passes vacuously.
+test-accelerator: $(STAMP)  ## on a GPU/TPU: chapters at accelerator sizes, native kernels, MFU, benchmarks
+	$(BIN)/python -c "from stacklib import hw; print('accelerator build:', hw.install_accelerator_support())"
+	@backend=$$($(BIN)/python -c "import jax; print(jax.default_backend())"); \
+	if [ "$$backend" = cpu ]; then \
+		$(BIN)/python -m pytest -rs -p no:xdist tests/accelerator; \
+		echo "make test-accelerator: SKIPPED, JAX sees no GPU or TPU here; no chapter ran at accelerator sizes."; \
+	else \
+		$(BIN)/python -m pytest -rs -p no:xdist tests/accelerator $(PYTEST_NOTEBOOK_FLAGS) chapters; \
+	fi
 
 notebooks: $(STAMP)  ## regenerate each chapter's .ipynb from its edited .md twin (or the reverse)
 	$(BIN)/jupytext --sync chapters/*.md

@@ -1,5 +1,6 @@
 """stacklib.hw: hardware description, problem sizes, simulated devices, notebook setup."""
 
+import importlib
 import subprocess
 import textwrap
 
@@ -122,3 +123,10 @@ def test_colab_badge_points_at_the_notebook_in_the_repository():
         "(https://colab.research.google.com/github/build-the-jax-ai-stack/book/blob/main/"
         "chapters/00_how_to_use.ipynb)"
     )
+
+
+def test_the_accelerator_tests_are_skipped_not_passed_where_jax_sees_only_a_cpu():
+    accelerator = importlib.import_module("accelerator.test_on_accelerator")
+    skip = accelerator.pytestmark.mark
+    assert skip.name == "skipif" and skip.args == (True,)
+    assert "no GPU or TPU" in skip.kwargs["reason"] and "make test-accelerator" in skip.kwargs["reason"]
