@@ -26,6 +26,7 @@ import numpy as np
 
 import stacklib.optim as optax
 from benchmarks.timing import median_seconds, print_ratio
+from stacklib.llm import zoo_build
 
 
 def _dpo(model, tokenizer, recipe, steps: int):
@@ -131,6 +132,9 @@ def main(scale: float = 1.0) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     if scale < 1:  # a shrunken recipe: keep its models out of the real cache
         os.environ["STACKLIB_CACHE"] = tempfile.mkdtemp(prefix="bench-align-")
+        # Throwaway models: train them here, not in the zoo's fixed build process (three
+        # fresh Pythons). The build process itself is tested in tests/test_llm.py.
+        os.environ[zoo_build.BUILDER_ENV] = "1"
         from stacklib.llm import zoo as llm_zoo
 
         llm_zoo.ZOO["stdlib-bytes"] = {**llm_zoo.ZOO["stdlib-bytes"], "steps": 3}
