@@ -3,6 +3,7 @@
 import signal
 import sys
 import time
+import warnings
 
 import nbformat
 import numpy as np
@@ -529,3 +530,12 @@ def test_grades_are_read_from_the_check_output_metadata():
         "display_data", data={"text/plain": "..."},
         metadata={GRADE_METADATA_KEY: {"exercise_id": "98.square", "points": 2, "max_points": 3}})]
     assert _reported_grades(notebook)["98.square"]["points"] == 2
+
+
+def test_a_mismatch_with_infinities_is_reported_without_a_numpy_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would show in the learner's output
+        with pytest.raises(CaseFailure, match="1 of 2 values differ"):
+            expect_close(np.array([-np.inf, 1.0]), np.array([-np.inf, 2.0]), what="the row")
+        with pytest.raises(CaseFailure, match="expected -inf, got inf"):
+            expect_close(np.array([np.inf, 1.0]), np.array([-np.inf, 1.0]), what="the row")

@@ -144,7 +144,8 @@ def _mismatch_message(
 ) -> str:
     if got.ndim == 0:
         return f"{where}: expected {expected.item():.6g}, got {got.item():.6g}"
-    error = np.where(close, 0.0, np.abs(got - expected))
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN here, not a warning in the learner's output
+        error = np.where(close, 0.0, np.abs(got - expected))
     error = np.where(np.isnan(error), np.inf, error)  # a NaN is the worst mismatch
     worst = np.unravel_index(np.argmax(error), error.shape)
     index = ", ".join(str(int(i)) for i in worst)
