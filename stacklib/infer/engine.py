@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pathlib
 
 import numpy as np
 
@@ -214,33 +213,13 @@ class LLMEngine:
         return {"slots": self.kv_cache.num_used_slots(), "tokens": tokens, "sequences": len(running)}
 
 
-def load_model_dir(directory: str | os.PathLike) -> Transformer:
-    """A model saved as the zoo saves one (`params` and `config` items, stacklib.checkpoint).
-
-    Raises:
-      FileNotFoundError: the folder holds no committed checkpoint.
-    """
-    import stacklib.checkpoint as ocp
-    from stacklib.llm import zoo
-    from stacklib.llm.config import MODEL_KEYS, load_config
-
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
-    step = manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{directory} holds no committed checkpoint; save one with "
-                                "stacklib.llm.pretrained (the zoo's format: params + config).")
-    saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-    config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False)
-    return zoo._load(pathlib.Path(directory), config)
-
-
 def _load_model(model: str | Transformer) -> Transformer:
     if isinstance(model, Transformer):
         return model
-    if os.path.isdir(model):
-        return load_model_dir(model)
-    from stacklib.llm import pretrained
+    from stacklib.llm import pretrained, zoo
 
+    if os.path.isdir(model):
+        return zoo.load_model_dir(model)
     return pretrained(model)[0]
 
 

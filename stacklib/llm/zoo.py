@@ -6,6 +6,7 @@ minute each, so the first call trains it deterministically with `train.py` and c
 parameters; later calls, in any process, load them in a second:
 
     model, tokenizer = stacklib.llm.pretrained("stdlib-bytes")
+    model = stacklib.llm.zoo.load_model_dir(folder)   # a folder in the zoo's format (the engine's)
 
 The cache is `$STACKLIB_CACHE/llm/<name>/` (default `~/.cache/stacklib/llm/<name>/`).
 Three things can go wrong with a cache, and all are handled:
@@ -51,7 +52,7 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.llm import train, zoo_build
-from stacklib.llm.config import Config, load_config
+from stacklib.llm.config import MODEL_KEYS, Config, load_config
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
 
@@ -153,12 +154,27 @@ def _abstract_params(config: Config) -> tuple[nnx.GraphDef, Any]:
     return graphdef, params
 
 
-def _load(directory: pathlib.Path, config: Config) -> Transformer:
+def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -> Transformer:
+    """The model saved in `directory` in the zoo's format (`params` and `config` items).
+
+    Args:
+      directory: a folder the zoo (or `write_atomically` with the same items) wrote.
+      config: the architecture the caller expects, checked against the saved one; default:
+        the saved architecture.
+
+    Raises:
+      FileNotFoundError: the folder holds no committed model.
+      ArchitectureMismatchError: the saved model is not `config`'s architecture.
+    """
+    directory = pathlib.Path(directory)
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
     step = manager.latest_step()
     if step is None:
-        raise FileNotFoundError(f"{directory} holds no committed model")
+        raise FileNotFoundError(f"{directory} holds no committed model; save one with "
+                                "stacklib.llm.pretrained (the zoo's format: params + config).")
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    if config is None:
+        config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False)
     train.check_architecture(saved, config, str(directory))
     graphdef, abstract = _abstract_params(config)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
@@ -187,6 +203,6 @@ def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
       KeyError: `name` is not in the zoo.
     """
     config = zoo_config(name)
-    model = load_or_build(cache_dir() / name, lambda directory: _load(directory, config),
+    model = load_or_build(cache_dir() / name, lambda directory: load_model_dir(directory, config),
                           "stacklib.llm.zoo:build", {"config": config.to_dict()})
     return model, ByteTokenizer()
