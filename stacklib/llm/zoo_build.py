@@ -78,7 +78,9 @@ def _call(function: str, request: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    os.environ[BUILDER_ENV] = "1"  # nested builds run here too
+    if os.environ != _fixed_environment():  # started by hand, with the caller's settings: drop them
+        command = [sys.executable, "-m", "stacklib.llm.zoo_build", *argv]
+        os.execve(sys.executable, command, _fixed_environment())
     if hasattr(os, "sched_setaffinity"):  # one core: XLA sizes its thread pool by the cores it may use
         cores = sorted(os.sched_getaffinity(0))
         first = os.getpid() % len(cores)  # which core does not matter, only how many: spread builders out
