@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from stacklib.checkpoint import retention
+from stacklib.checkpoint import multitier, retention
 from stacklib.grading import grade
 
 
@@ -70,11 +70,17 @@ def restore_into(target, saved):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def choose_restore(local_steps, persistent_steps, is_intact):
+    copies = multitier.restore_order(local_steps, persistent_steps)
+    return next(((step, tier) for step, tier in copies if is_intact(tier, step)), None)
+
+
 RIGHT = {
     "05.atomic_write": atomic_write,
     "05.keep_n": retention.steps_to_keep,
     "05.async_save": AsyncSaver,
     "05.restore_into": restore_into,
+    "05.choose_restore": choose_restore,
 }
 
 
@@ -489,6 +495,53 @@ def checks_shapes_only_when_no_path_is_missing(target, saved):
     return restore_into(target, saved)
 
 
+def ignores_damage(local_steps, persistent_steps, is_intact):
+    copies = multitier.restore_order(local_steps, persistent_steps)
+    return copies[0] if copies else None  # never asks is_intact
+
+
+def persistent_copy_first(local_steps, persistent_steps, is_intact):
+    copies = sorted([(s, "local") for s in local_steps] + [(s, "persistent") for s in persistent_steps],
+                    key=lambda copy: (-copy[0], copy[1] != "persistent"))
+    return next(((s, t) for s, t in copies if is_intact(t, s)), None)
+
+
+def local_tier_first(local_steps, persistent_steps, is_intact):
+    for tier, steps in (("local", local_steps), ("persistent", persistent_steps)):
+        for step in sorted(steps, reverse=True):  # every local step before any persistent one
+            if is_intact(tier, step):
+                return step, tier
+    return None
+
+
+def checks_every_copy_first(local_steps, persistent_steps, is_intact):
+    copies = multitier.restore_order(local_steps, persistent_steps)
+    intact = [(s, t) for s, t in copies if is_intact(t, s)]  # reads every checkpoint
+    return intact[0] if intact else None
+
+
+def assumes_sorted_lists(local_steps, persistent_steps, is_intact):
+    local, persistent = list(local_steps), list(persistent_steps)
+    while local or persistent:  # merges from the ends, as if both lists were ascending
+        if local and (not persistent or local[-1] >= persistent[-1]):
+            step, tier = local.pop(), "local"
+        else:
+            step, tier = persistent.pop(), "persistent"
+        if is_intact(tier, step):
+            return step, tier
+    return None
+
+
+def raises_when_nothing_is_intact(local_steps, persistent_steps, is_intact):
+    copies = multitier.restore_order(local_steps, persistent_steps)
+    return next((s, t) for s, t in copies if is_intact(t, s))  # StopIteration instead of None
+
+
+def sorts_the_callers_lists(local_steps, persistent_steps, is_intact):
+    local_steps.sort(reverse=True)
+    persistent_steps.sort(reverse=True)
+    return choose_restore(local_steps, persistent_steps, is_intact)
+
 
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
@@ -535,6 +588,13 @@ WRONG = [
     ("05.restore_into", no_cast, 3, "does not cast, nor place a ShapeDtypeStruct"),
     ("05.restore_into", casts_only_jax_leaves, 4, "does not cast NumPy leaves"),
     ("05.restore_into", pops_what_it_restores, 3, "empties the caller's dict"),
+    ("05.choose_restore", ignores_damage, 3, "restores the newest copy, damaged or not"),
+    ("05.choose_restore", persistent_copy_first, 7, "reads the persistent copy of a step first"),
+    ("05.choose_restore", local_tier_first, 4, "tries every local step before any persistent one"),
+    ("05.choose_restore", checks_every_copy_first, 8, "checks every copy, not only until the first intact"),
+    ("05.choose_restore", assumes_sorted_lists, 9, "takes the last step of each list for the newest"),
+    ("05.choose_restore", raises_when_nothing_is_intact, 9, "raises StopIteration when nothing is intact"),
+    ("05.choose_restore", sorts_the_callers_lists, 1, "sorts the caller's lists in place"),
 ]
 
 
@@ -552,6 +612,8 @@ DIAGNOSED = [
     ("05.async_save", LooksForTheErrorBeforeJoining, "before the thread had ended"),
     ("05.atomic_write", fsync_without_flush, "still in Python's buffer"),
     ("05.atomic_write", removes_the_target_first, "the old file was already gone"),
+    ("05.choose_restore", ignores_damage, "that copy is damaged"),
+    ("05.choose_restore", persistent_copy_first, "the right step, from the other tier"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Chapter 05 exercises: an atomic write, keep-N, an asynchronous saver, restoring into a target."""
+"""Chapter 05 exercises: an atomic write, keep-N, an async saver, restoring into a target, two tiers."""
 
 import contextlib
 import os
@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stacklib.checkpoint import retention
+from stacklib.checkpoint import multitier, retention
 from stacklib.grading import Exercise, call_on_copies, expect, expect_equal
 
 # 05.atomic_write ------------------------------------------------------------------------
@@ -488,3 +488,95 @@ def mismatches_are_all_named_in_one_error(restore):
                          ("['w']", "the path whose shape differs"), ("(2, 3)", "the saved shape"),
                          ("(3, 2)", "the target's shape")):
         expect(needed in message, f"the error does not name {what} ({needed}): {message!r}")
+
+
+# 05.choose_restore ----------------------------------------------------------------------
+
+choose_restore = Exercise("05.choose_restore", "Which copy to restore from two tiers of checkpoints")
+_TIERS = "the chapter's section 'Two tiers: surviving preemption'"
+
+
+class _Copies:
+    """The `is_intact(tier, step)` a case hands the learner: some copies damaged, every call recorded."""
+
+    def __init__(self, damaged=()):
+        self.damaged, self.calls = set(damaged), []
+
+    def __call__(self, tier, step):
+        self.calls.append((tier, step))
+        return (tier, step) not in self.damaged
+
+    def __deepcopy__(self, memo):  # call_on_copies hands the learner this very object, to record its calls
+        return self
+
+
+def _expected_choice(local_steps, persistent_steps, damaged):
+    copies = multitier.restore_order(local_steps, persistent_steps)
+    return next(((step, tier) for step, tier in copies if (tier, step) not in damaged), None)
+
+
+def _expect_choice(choose, local_steps, persistent_steps, damaged=()):
+    """Run the learner's answer on one situation; return the `is_intact` it was given."""
+    is_intact = _Copies(damaged)
+    expected = _expected_choice(local_steps, persistent_steps, set(damaged))
+    got = call_on_copies(choose, list(local_steps), list(persistent_steps), is_intact, what="choose_restore")
+    if isinstance(got, list | tuple) and len(got) == 2:
+        got = tuple(got)
+    situation = f"local tier {list(local_steps)}, persistent tier {list(persistent_steps)}"
+    if damaged:
+        situation += f", damaged copies {sorted(damaged, key=lambda copy: (copy[1], copy[0]))}"
+    diagnosis = ""
+    if got in {(step, tier) for tier, step in damaged}:
+        diagnosis = ": that copy is damaged (is_intact said False)"
+    elif expected and isinstance(got, tuple) and got[0] == expected[0]:
+        diagnosis = ": the right step, from the other tier"
+    expect(got == expected, f"{situation}: expected {expected}, got {got!r}{diagnosis}")
+    return is_intact
+
+
+@choose_restore.case(points=2, hint=f"Compare the steps of both tiers: the newest step loses the least "
+                                     f"work, and the persistent tier can be ahead of a new machine's local "
+                                     f"tier. See {_TIERS}.")
+def the_newest_step_wins_whichever_tier_holds_it(choose):
+    _expect_choice(choose, [10, 12, 14], [6, 12])
+    _expect_choice(choose, [4], [6, 12])
+    _expect_choice(choose, [], [5])
+
+
+@choose_restore.case(hint="When both tiers hold the newest step, one of the two copies is faster to read.")
+def the_local_copy_comes_first_for_the_same_step(choose):
+    _expect_choice(choose, [6, 12], [12])
+
+
+@choose_restore.case(points=2, hint="A damaged copy of a step does not make that step's other copy useless: "
+                                    "it still loses less work than any older step.")
+def a_damaged_copy_falls_back_to_the_other_tiers_copy_of_the_same_step(choose):
+    _expect_choice(choose, [10, 12], [6, 12], damaged={("local", 12)})
+
+
+@choose_restore.case(hint="Skip every damaged copy, in either tier, and take the newest of the rest.")
+def damaged_newest_steps_fall_back_to_an_older_step(choose):
+    _expect_choice(choose, [16, 18, 20], [10], damaged={("local", 20), ("local", 18)})
+    _expect_choice(choose, [20], [10, 15], damaged={("local", 20), ("persistent", 15)})
+
+
+@choose_restore.case(hint="With no intact copy (or no copy at all) there is nothing to restore: return None.")
+def nothing_intact_gives_none(choose):
+    _expect_choice(choose, [], [])
+    _expect_choice(choose, [3], [3], damaged={("local", 3), ("persistent", 3)})
+
+
+@choose_restore.case(points=2, hint="Each is_intact call reads a whole checkpoint: ask about the copies in "
+                                    "the order you would restore them, and stop at the first intact one.")
+def checks_the_newest_copy_first_and_stops_at_the_first_intact_one(choose):
+    damaged = {("local", 14), ("local", 12)}
+    is_intact = _expect_choice(choose, [10, 12, 14], [6, 12], damaged=damaged)
+    expected = [("local", 14), ("local", 12), ("persistent", 12)]
+    expect(is_intact.calls == expected, f"is_intact was called for {is_intact.calls}; expected exactly "
+                                        f"{expected}")
+
+
+@choose_restore.case(hint="The step lists come from listing directories: they may be in any order.")
+def step_lists_in_any_order_are_handled(choose):
+    _expect_choice(choose, [14, 10, 12], [12, 6])
+    _expect_choice(choose, [8, 20, 14], [], damaged={("local", 20)})

@@ -20,14 +20,17 @@ runs with both. The pieces, one file each:
   atomic.py      write aside, fsync, rename: a step appears complete or not at all
   retention.py   which steps to save (interval) and keep (latest N, best N by a metric)
   manager.py     CheckpointManager: asynchronous saves in a background thread
+  multitier.py   two tiers (Orbax's emergency checkpointing): frequent local saves, rare
+                 persistent ones, restore from the newest intact copy, a save on SIGTERM
 
 Differences from orbax (each file lists its own): single process; our own on-disk
 format (raw files plus a JSON manifest) instead of TensorStore/OCDBT; checksums on
 every file; only the standard and JSON item types; committed steps only in
-`all_steps()`; no preemption handling, custom policies or multi-host coordination.
+`all_steps()`; no custom policies or multi-host coordination; preemption is handled only
+by `multitier`, with a SIGTERM handler of its own.
 """
 
-from stacklib.checkpoint import args
+from stacklib.checkpoint import args, multitier
 from stacklib.checkpoint.manager import (
     CheckpointManager,
     CheckpointManagerOptions,
@@ -44,4 +47,5 @@ __all__ = [
     "StepAlreadyExistsError",
     "StructureMismatchError",
     "args",
+    "multitier",
 ]
