@@ -41,8 +41,25 @@ def tp_mlp(x, w1, b1, w2, b2, mesh):
     return jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P())(x, w1, b1, w2, b2)
 
 
+def gpipe_schedule(num_stages, num_microbatches):
+    ticks = 2 * (num_microbatches + num_stages - 1)
+    schedule = [[None] * num_stages for _ in range(ticks)]
+    for stage in range(num_stages):
+        for i in range(num_microbatches):
+            schedule[stage + i][stage] = ("F", i)
+            schedule[ticks - 1 - stage - i][stage] = ("B", i)
+    return schedule
+
+
+def bubble_fraction(schedule):
+    slots = [action for row in schedule for action in row]
+    return sum(action is None for action in slots) / len(slots)
+
+
 RIGHT = {
     "07.all_reduce_time": all_reduce_time,
+    "07.bubble_fraction": bubble_fraction,
+    "07.gpipe_schedule": gpipe_schedule,
     "07.ring_all_gather": ring_all_gather,
     "07.dp_step": dp_sgd_step,
     "07.tp_mlp": tp_mlp,
@@ -210,6 +227,75 @@ def tp_without_shard_map(x, w1, b1, w2, b2, mesh):
     return jax.nn.relu(x @ w1 + b1) @ w2 + b2  # the compiler partitions it: right, but not the exercise
 
 
+def gpipe_placed_by(forward_tick, backward_tick, num_ticks):
+    """A GPipe-like table with forward i of stage s at forward_tick(s, i, p, m), and so on."""
+
+    def schedule_fn(p, m):
+        schedule = [[None] * p for _ in range(num_ticks(p, m))]
+        for s in range(p):
+            for i in range(m):
+                schedule[forward_tick(s, i, p, m)][s] = ("F", i)
+                if backward_tick is not None:
+                    schedule[backward_tick(s, i, p, m)][s] = ("B", i)
+        return schedule
+
+    return schedule_fn
+
+
+mirror = lambda s, i, p, m: 2 * (m + p - 1) - 1 - s - i  # noqa: E731
+gpipe_backwards_in_forward_order = gpipe_placed_by(
+    lambda s, i, p, m: s + i, lambda s, i, p, m: m + p - 1 + (p - 1 - s) + i, lambda p, m: 2 * (m + p - 1))
+gpipe_without_the_staircase = gpipe_placed_by(lambda s, i, p, m: i, mirror, lambda p, m: 2 * (m + p - 1))
+gpipe_backwards_a_tick_late = gpipe_placed_by(
+    lambda s, i, p, m: s + i, lambda s, i, p, m: mirror(s, i, p, m) + 1, lambda p, m: 2 * (m + p - 1) + 1)
+gpipe_forwards_only = gpipe_placed_by(lambda s, i, p, m: s + i, None, lambda p, m: m + p - 1)
+gpipe_first_stage_starts_the_backward = gpipe_placed_by(
+    lambda s, i, p, m: s + i, lambda s, i, p, m: m + p - 1 + s + (m - 1 - i), lambda p, m: 2 * (m + p - 1))
+gpipe_for_four_stages = gpipe_placed_by(  # 4 written where num_stages belongs
+    lambda s, i, p, m: s + i, lambda s, i, p, m: 2 * (m + 3) - 1 - s - i, lambda p, m: 2 * (m + 3))
+
+
+def gpipe_indexed_by_stage(p, m):
+    return [list(column) for column in zip(*gpipe_schedule(p, m), strict=True)]  # [stage][tick]
+
+
+def gpipe_as_strings(p, m):
+    return [[f"{a[0]}{a[1]}" if a else None for a in row] for row in gpipe_schedule(p, m)]
+
+
+def bubble_from_the_formula(schedule):
+    p, m = len(schedule[0]), 1 + max(a[1] for row in schedule for a in row if a)
+    return (p - 1) / (m + p - 1)
+
+
+def bubble_over_microbatches(schedule):
+    p, m = len(schedule[0]), 1 + max(a[1] for row in schedule for a in row if a)
+    return (p - 1) / m  # bubble time over ideal time, not a share of all slots
+
+
+def bubble_idle_over_busy(schedule):
+    slots = [action for row in schedule for action in row]
+    return sum(a is None for a in slots) / sum(a is not None for a in slots)
+
+
+def bubble_of_ticks_with_an_idle_stage(schedule):
+    return sum(any(a is None for a in row) for row in schedule) / len(schedule)
+
+
+def bubble_of_the_first_half(schedule):
+    half = schedule[: len(schedule) // 2]
+    return sum(a is None for row in half for a in row) / (len(half) * len(half[0]))
+
+
+def bubble_in_percent(schedule):
+    return 100 * bubble_fraction(schedule)
+
+
+def bubble_integer_division(schedule):
+    slots = [action for row in schedule for action in row]
+    return sum(a is None for a in slots) // len(slots)
+
+
 
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
@@ -242,6 +328,21 @@ WRONG = [
     ("07.tp_mlp", tp_pmean, 3, "pmean, not psum"),
     ("07.tp_mlp", tp_gather_the_weights, 4, "all-gathers the weights"),
     ("07.tp_mlp", tp_without_shard_map, 5, "sharding constraints instead of shard_map"),
+    ("07.gpipe_schedule", gpipe_backwards_in_forward_order, 3, "backwards in forward order"),
+    ("07.gpipe_schedule", gpipe_without_the_staircase, 2, "every stage forwards from tick 0"),
+    ("07.gpipe_schedule", gpipe_backwards_a_tick_late, 2, "backwards one tick late"),
+    ("07.gpipe_schedule", gpipe_forwards_only, 2, "forgets the backwards"),
+    ("07.gpipe_schedule", gpipe_first_stage_starts_the_backward, 2, "stage 0 starts the backward"),
+    ("07.gpipe_schedule", gpipe_for_four_stages, 4, "hard-codes 4 stages"),
+    ("07.gpipe_schedule", gpipe_indexed_by_stage, 0, "indexed [stage][tick]"),
+    ("07.gpipe_schedule", gpipe_as_strings, 0, "strings like 'F0' instead of pairs"),
+    ("07.bubble_fraction", bubble_from_the_formula, 2, "GPipe's formula for every schedule"),
+    ("07.bubble_fraction", bubble_of_the_first_half, 3, "counts only the first half of the ticks"),
+    ("07.bubble_fraction", bubble_over_microbatches, 0, "(p - 1) / m"),
+    ("07.bubble_fraction", bubble_idle_over_busy, 0, "idle over busy slots"),
+    ("07.bubble_fraction", bubble_of_ticks_with_an_idle_stage, 0, "ticks with any idle stage"),
+    ("07.bubble_fraction", bubble_in_percent, 0, "a percentage"),
+    ("07.bubble_fraction", bubble_integer_division, 0, "integer division"),
 ]
 
 
@@ -267,6 +368,12 @@ DIAGNOSED = [
     ("07.tp_mlp", tp_bias_before_psum, "b2 added 2 times"),
     ("07.tp_mlp", tp_pmean, "a mean, not a sum"),
     ("07.ring_all_gather", gather_with_lax, "build the all-gather from jax.lax.ppermute alone"),
+    ("07.gpipe_schedule", gpipe_without_the_staircase, "stage 1 should run F0 at tick 1; it runs it at tick"),
+    ("07.gpipe_schedule", gpipe_backwards_in_forward_order, "the backwards run in forward order"),
+    ("07.gpipe_schedule", gpipe_indexed_by_stage, "it looks indexed [stage][tick]"),
+    ("07.gpipe_schedule", gpipe_as_strings, "holds 'F0': each entry is None (idle) or a pair"),
+    ("07.gpipe_schedule", gpipe_forwards_only, "stage 3 should run B5 at tick 9; it runs it never"),
+    ("07.bubble_fraction", bubble_from_the_formula, "4 stages running one microbatch at a time"),
 ]
 
 

@@ -1,5 +1,5 @@
 """Chapter 07: scaling out. An all-reduce's cost, an all-gather from ppermute, a data-parallel
-step with collectives, and a tensor-parallel MLP.
+step with collectives, a tensor-parallel MLP, the GPipe schedule and its bubble.
 
 The multi-device cases need 8 devices; the exercise notebook creates 8 simulated CPU
 devices in its first cells (`stacklib.hw.simulate_cpu_devices(8)`).
@@ -14,7 +14,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from stacklib import parallel
-from stacklib.grading import CaseFailure, Exercise, expect, expect_close
+from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_close
 
 
 def _mesh(num_devices: int, axis: str):
@@ -284,3 +284,133 @@ def communicates_one_all_reduce_of_the_output(mlp_fn):
     output_bytes = inputs[0].shape[0] * inputs[4].shape[0] * 4
     expect(summary == [("all-reduce", output_bytes)],
            f"expected one all-reduce of {output_bytes} bytes, the compiled program has {summary or 'none'}")
+
+
+# ---- 07.gpipe_schedule
+gpipe_schedule = Exercise("07.gpipe_schedule", "The GPipe schedule table")
+_SCHEDULE = "the chapter's section 'The schedule'"
+
+
+def _is_action(entry) -> bool:
+    return (isinstance(entry, tuple | list) and len(entry) == 2 and entry[0] in ("F", "B")
+            and isinstance(entry[1], int | np.integer))
+
+
+def _table(schedule_fn, p, m):
+    """The learner's table for p stages and m microbatches, as Actions, or a failure naming its shape."""
+    call = f"gpipe_schedule({p}, {m})"
+    table = schedule_fn(p, m)
+    expect(isinstance(table, list | tuple) and all(isinstance(row, list | tuple) for row in table),
+           f"{call} returned {type(table).__name__}: expected a list of rows, one per tick, each with one "
+           "entry per stage")
+    ticks = 2 * (m + p - 1)
+    expect(not (len(table) == p != ticks and all(len(row) == ticks for row in table)),
+           f"{call} has {p} rows of {ticks}: it looks indexed [stage][tick]; the table is "
+           "schedule[tick][stage]")
+    for tick, row in enumerate(table):
+        for stage, entry in enumerate(row):
+            expect(entry is None or _is_action(entry), f"{call}, tick {tick}, stage {stage} holds {entry!r}: "
+                                                       "each entry is None (idle) or a pair like ('F', 0)")
+    return [[None if a is None else parallel.Action(a[0], int(a[1])) for a in row] for row in table]
+
+
+def _ticks(table, kind):
+    """{(stage, microbatch): tick} of the table's actions of one kind."""
+    return {(s, a[1]): t for t, row in enumerate(table) for s, a in enumerate(row) if a and a[0] == kind}
+
+
+def _expect_ticks(table, kind, expected, call):
+    got = _ticks(table, kind)
+    for (stage, i), tick in sorted(expected.items(), key=lambda item: item[1]):
+        when = "never" if (stage, i) not in got else f"at tick {got[stage, i]}"
+        expect(got.get((stage, i)) == tick,
+               f"{call}: stage {stage} should run {kind}{i} at tick {tick}; it runs it {when}")
+    for stage, i in sorted(set(got) - set(expected)):
+        expect(False, f"{call}: stage {stage} runs {kind}{i}, which is not a microbatch of this pipeline")
+
+
+@gpipe_schedule.case(points=2, hint=f"Stage s can forward microbatch i only after stage s - 1 has, and it "
+                                    f"runs as early as it can. See {_SCHEDULE}.")
+def forwards_form_a_staircase(schedule_fn):
+    p, m = 4, 6
+    table = _table(schedule_fn, p, m)
+    staircase = {(s, i): s + i for s in range(p) for i in range(m)}
+    _expect_ticks(table, "F", staircase, f"gpipe_schedule({p}, {m})")
+
+
+@gpipe_schedule.case(points=2, hint="The backward half mirrors the forward half: which microbatch's backward "
+                                    "can start first, and on which stage?")
+def backwards_mirror_the_forwards(schedule_fn):
+    p, m = 4, 6
+    table = _table(schedule_fn, p, m)
+    in_forward_order = {(s, i): m + p - 1 + (p - 1 - s) + i for s in range(p) for i in range(m)}
+    expect(_ticks(table, "B") != in_forward_order,
+           "the backwards run in forward order (B0 first); GPipe's backward half takes the microbatches in "
+           "reverse, as autodiff of the forward loop does")
+    _expect_ticks(table, "B", _ticks(parallel.gpipe_schedule(p, m), "B"), f"gpipe_schedule({p}, {m})")
+
+
+@gpipe_schedule.case(hint="The table has 2(m + p - 1) ticks, and every action runs after what it needs.")
+def is_a_valid_schedule_of_the_right_length(schedule_fn):
+    p, m = 3, 5
+    table = _table(schedule_fn, p, m)
+    expect(len(table) == 2 * (m + p - 1),
+           f"gpipe_schedule({p}, {m}) has {len(table)} ticks, expected {2 * (m + p - 1)}")
+    try:
+        parallel.check_schedule(table, m)
+    except ValueError as error:
+        raise CaseFailure(f"gpipe_schedule({p}, {m}) is not a valid schedule: {error}") from None
+
+
+@gpipe_schedule.case(hint="Nothing may depend on one number of stages or microbatches: use the arguments.")
+def matches_gpipe_for_any_stages_and_microbatches(schedule_fn):
+    for p, m in [(1, 1), (2, 5), (5, 2), (8, 3)]:
+        table, reference = _table(schedule_fn, p, m), parallel.gpipe_schedule(p, m)
+        expect(len(table) == len(reference),
+               f"gpipe_schedule({p}, {m}) has {len(table)} ticks, expected {len(reference)}")
+        for tick, (row, expected) in enumerate(zip(table, reference, strict=True)):
+            show = lambda actions: [str(a) if a else None for a in actions]  # noqa: E731
+            expect(row == expected, f"gpipe_schedule({p}, {m}), tick {tick}: expected {show(expected)}, "
+                                    f"got {show(row)}")
+
+
+# ---- 07.bubble_fraction
+bubble_fraction = Exercise("07.bubble_fraction", "The bubble, counted from a schedule")
+
+
+def _expect_bubble(bubble_fn, schedule, expected, what):
+    got = call_on_copies(bubble_fn, schedule, what="bubble_fraction")
+    expect(np.ndim(got) == 0 and np.asarray(got).dtype.kind in "fiu",
+           f"bubble_fraction returned {type(got).__name__}: expected a number between 0 and 1")
+    expect_close(float(got), expected, rtol=1e-9, atol=1e-12, what=f"the bubble share of {what}")
+
+
+def _one_microbatch_at_a_time(num_stages, num_microbatches):
+    """No pipelining: each microbatch's forward and backward pass through all stages before the next."""
+    order = [parallel.Action(kind, i) for i in range(num_microbatches) for kind in "FB"]
+    return parallel.schedule_from_orders([order] * num_stages)
+
+
+@bubble_fraction.case(hint=f"Count the idle (None) slots and divide by all the slots. See {_SCHEDULE}.")
+def is_p_minus_1_over_m_plus_p_minus_1_for_gpipe(bubble_fn):
+    for p, m in [(1, 1), (2, 3), (4, 8), (8, 2)]:
+        _expect_bubble(bubble_fn, parallel.gpipe_schedule(p, m), (p - 1) / (m + p - 1), f"GPipe p={p}, m={m}")
+
+
+@bubble_fraction.case(hint="The function receives any schedule: count what its table holds.")
+def counts_the_idle_slots_of_1f1b(bubble_fn):
+    for p, m in [(4, 8), (3, 5)]:
+        schedule = parallel.one_f_one_b_schedule(p, m)
+        _expect_bubble(bubble_fn, schedule, (p - 1) / (m + p - 1), f"1F1B p={p}, m={m}")
+
+
+@bubble_fraction.case(hint="A formula for GPipe does not hold for other schedules: count the table's slots.")
+def counts_the_idle_slots_without_pipelining(bubble_fn):
+    _expect_bubble(bubble_fn, _one_microbatch_at_a_time(4, 3), 3 / 4,
+                   "4 stages running one microbatch at a time (each stage busy 1 tick in 4)")
+
+
+@bubble_fraction.case(hint="Every tick of the table counts, the last ones too.")
+def counts_idle_ticks_at_the_end(bubble_fn):
+    padded = parallel.gpipe_schedule(4, 4) + [[None] * 4, [None] * 4]
+    _expect_bubble(bubble_fn, padded, 32 / 64, "GPipe p=4, m=4 followed by two idle ticks")

@@ -13,6 +13,8 @@ enough to read:
   hlo         the collectives a compiled program runs, and their bytes
   costs       the alpha-beta ring model of collective time (scaling-book style)
   mlp         an MLP classifier built with stacklib.nn, with named axes, and its SGD step
+  pipeline    layers cut into stages on a `pipeline` axis: GPipe and 1F1B schedules, the bubble,
+              pipelined steps with ppermute (MaxText's pipeline layer)
   launch      several JAX processes on one machine (`jax.distributed`, gloo)
   multihost_step   the program those processes run together
 """
@@ -37,6 +39,18 @@ from stacklib.parallel.layout import (
     shard_shape,
 )
 from stacklib.parallel.mesh import make_mesh, mesh_devices
+from stacklib.parallel.pipeline import (
+    Action,
+    bubble_fraction,
+    check_schedule,
+    gpipe_schedule,
+    one_f_one_b_schedule,
+    peak_live_microbatches,
+    pipeline_loss,
+    pipeline_value_and_grad,
+    schedule_from_orders,
+    stack_stages,
+)
 from stacklib.parallel.ring import ring_all_gather, ring_psum, ring_psum_scatter
 from stacklib.parallel.rules import (
     LogicalRules,
@@ -53,6 +67,7 @@ from stacklib.parallel.state import (
 )
 
 __all__ = [
+    "Action",
     "Collective",
     "LaunchError",
     "Link",
@@ -62,14 +77,17 @@ __all__ = [
     "all_gather_time",
     "all_reduce_time",
     "all_to_all_time",
+    "bubble_fraction",
     "bytes_by_kind",
     "check_divisible",
+    "check_schedule",
     "collective_time",
     "collectives",
     "device_slices",
     "fit_link",
     "get_named_sharding",
     "get_partition_spec",
+    "gpipe_schedule",
     "initialize_from_env",
     "launch_local",
     "logical_axes",
@@ -79,12 +97,18 @@ __all__ = [
     "make_mesh",
     "mesh_devices",
     "normalize_spec",
+    "one_f_one_b_schedule",
     "path_name",
+    "peak_live_microbatches",
+    "pipeline_loss",
+    "pipeline_value_and_grad",
     "ppermute_time",
     "reduce_scatter_time",
     "ring_all_gather",
     "ring_psum",
     "ring_psum_scatter",
+    "schedule_from_orders",
     "shard_shape",
     "shard_state",
+    "stack_stages",
 ]
