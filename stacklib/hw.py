@@ -190,16 +190,20 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
     },
     # Chapter 16: the capstone's own training run (stacklib.llm overrides, on a 2x2x2 mesh),
     # killed after `kill_after` steps and resumed; then the held-out batches it scores on
-    # (50 MB of corpus is more than the whole standard library: all of it).
+    # (50 MB of corpus is more than the whole standard library: all of it). The kill lands
+    # between two local checkpoints, so that both tiers' lost work shows.
     "capstone": {
         "cpu": {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "d_ff": 96,
-                "seq_len": 32, "batch_size": 16, "steps": 24, "checkpoint_every": 8, "kill_after": 12,
+                "seq_len": 32, "batch_size": 16, "steps": 24, "checkpoint_every": 8,
+                "local_checkpoint_every": 4, "kill_after": 14,
                 "max_corpus_bytes": 400_000, "eval_batches": 4},
         "gpu": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 64, "d_ff": 1536,
-                "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100, "kill_after": 250,
+                "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100,
+                "local_checkpoint_every": 20, "kill_after": 250,
                 "max_corpus_bytes": 50_000_000, "eval_batches": 8},
         "tpu": {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 64, "d_ff": 1536,
-                "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100, "kill_after": 250,
+                "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100,
+                "local_checkpoint_every": 20, "kill_after": 250,
                 "max_corpus_bytes": 50_000_000, "eval_batches": 8},
     },
 }

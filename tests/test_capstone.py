@@ -1,5 +1,8 @@
 """stacklib.capstone's pieces at tiny sizes (chapter 16 runs them all, end to end, under nbval)."""
 
+import dataclasses
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import stacklib.nn as nnx
-from stacklib.capstone import post_training, profiling, quantization, serving, training
+from stacklib.capstone import post_training, profiling, quantization, run, serving, training
 from stacklib.llm import train
 from stacklib.llm.config import load_config
 
@@ -22,8 +25,24 @@ def test_the_mesh_is_2x2x2_on_eight_devices_and_data_parallel_below():
     assert training.mesh_overrides(4)["data_parallelism"] == 4
     config = training.capstone_config("/tmp/unused")
     assert config.mesh_shape == (2, 2, 2) and config.async_checkpointing
-    assert config.checkpoint_dir == "/tmp/unused"
+    assert config.checkpoint_dir == "/tmp/unused" and config.local_checkpoint_dir == ""
     assert training.kill_after() % config.checkpoint_every != 0  # the kill lands between two checkpoints
+    # ... and between two local ones, so that the local tier's lost work is not zero by construction
+    assert training.kill_after() % config.local_checkpoint_every != 0
+    tiered = training.capstone_config("/tmp/unused", local_checkpoint_dir="/tmp/unused-local")
+    assert tiered.local_checkpoint_dir == "/tmp/unused-local"
+
+
+def test_the_report_counts_the_work_lost_with_and_without_the_local_tier():
+    records = [{"step": step, "loss": 1.0} for step in range(1, 15)]
+    killed = training.KilledRun(records, committed_steps=[1, 8], returncode=-9, local_committed_steps=[8, 12])
+    assert killed.killed_at == 14 and killed.last_persistent_step == 8
+    resumed = SimpleNamespace(start_step=12)
+    report = run.CapstoneReport(None, killed, resumed, None, None, None, None, None, "unused")
+    assert (report.steps_lost_with_local_tier, report.steps_lost_without_local_tier) == (2, 6)
+    # A persistent step written later, by the resumed run, is not one the kill could fall back to.
+    later = dataclasses.replace(killed, committed_steps=[8, 16])
+    assert later.last_persistent_step == 8
 
 
 def test_a_kill_before_the_first_checkpoint_is_refused_before_any_process_starts(tmp_path):

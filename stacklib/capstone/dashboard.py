@@ -3,7 +3,8 @@
 Six panels, each read from a `CapstoneReport` (run.py) and nothing else:
 
 * loss: the uninterrupted run's training loss per step; the killed run's steps, and
-  the resumed run's, drawn over it (they coincide: the resume is bitwise);
+  the resumed run's, drawn over it (they coincide: the resume is bitwise); one line at the
+  local checkpoint the run resumed from, one at the persistent tier's last before the kill;
 * goodput: where each run's wall time went (Goodput's categories, chapter 12);
 * where a step's time goes: the profiled step's op time by group (stage 3);
 * held-out loss per stage: bits per byte after each stage that changes weights;
@@ -45,8 +46,12 @@ def _loss(ax, report) -> None:
             label=f"killed after step {report.killed.killed_at} (SIGKILL)")
     resumed = report.resumed.history
     ax.plot([r["step"] for r in resumed], [r["loss"] for r in resumed], ".", color="tab:green",
-            label=f"resumed from checkpoint {report.resumed.start_step}")
+            label=f"resumed from local checkpoint {report.resumed.start_step} "
+                  f"({report.steps_lost_with_local_tier} steps redone)")
     ax.axvline(report.resumed.start_step, color="tab:blue", ls=":", lw=1)
+    ax.axvline(report.killed.last_persistent_step, color="tab:gray", ls="--", lw=1,
+               label=f"last persistent checkpoint {report.killed.last_persistent_step} "
+                     f"({report.steps_lost_without_local_tier} steps without the local tier)")
     ax.set(xlabel="step", ylabel="training loss (nats/byte)", title="1-2. Loss: killed and resumed, bitwise")
     ax.legend(fontsize=8)
 

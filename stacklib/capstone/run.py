@@ -7,7 +7,8 @@
 The stages (each a function the chapter also calls on its own):
 
 1. `training.train_run`: chapter 12's sharded trainer on 8 devices, async checkpoints;
-2. `training.run_and_kill` + `training.resume`: SIGKILL a child mid-run, resume, compare bitwise;
+2. `training.run_and_kill` + `training.resume`: SIGKILL a child mid-run that also checkpoints to a
+   local tier, resume from the newest copy, compare bitwise, count the work lost with and without it;
 3. `profiling.profile_step`: the op table, MFU, where the time goes;
 4. `post_training`: GRPO on chapter 13's task (where `stacklib.align` is installed);
 5. `quantization.quantize_and_score`: int8 PTQ, held-out loss (and accuracy) within a margin;
@@ -78,6 +79,16 @@ class CapstoneReport:
     def resumed_bitwise(self) -> bool:
         return training.bitwise_equal(self.resumed.params, self.training.params)
 
+    @property
+    def steps_lost_with_local_tier(self) -> int:
+        """Steps computed twice: from the checkpoint the run resumed from (the local tier's) to the kill."""
+        return self.killed.killed_at - self.resumed.start_step
+
+    @property
+    def steps_lost_without_local_tier(self) -> int:
+        """Steps a run with the persistent tier alone would compute twice: back to its last checkpoint."""
+        return self.killed.killed_at - self.killed.last_persistent_step
+
     def quality_rows(self) -> list[tuple[str, float, str]]:
         """(label, held-out bits per byte, unit) after each stage that changes weights."""
         bits = 1 / math.log(2)
@@ -109,10 +120,15 @@ class CapstoneReport:
         Raises:
           AssertionError: naming the claim that failed.
         """
-        kill_at = self.killed.killed_at
+        kill_at, tiers = self.killed.killed_at, self.resumed.config
         assert self.killed.returncode == -9, f"the child was not killed by SIGKILL ({self.killed.returncode})"
-        assert self.resumed.start_step == kill_at - kill_at % self.training.config.checkpoint_every, \
-            f"resumed from step {self.resumed.start_step}, not the last checkpoint before step {kill_at}"
+        assert tiers.local_checkpoint_dir, "stage 2's run has no local tier (local_checkpoint_dir)"
+        assert self.resumed.start_step == kill_at - kill_at % tiers.local_checkpoint_every, \
+            f"resumed from step {self.resumed.start_step}, not the local tier's last step before {kill_at}"
+        assert self.steps_lost_without_local_tier == kill_at % tiers.checkpoint_every, \
+            f"the persistent tier's last step before step {kill_at} is {self.killed.last_persistent_step}"
+        assert self.steps_lost_with_local_tier < self.steps_lost_without_local_tier, \
+            "the local tier did not shorten the work lost to the kill"
         assert self.resumed_bitwise, "the resumed run's final weights differ from the uninterrupted run's"
         assert self.resumed.losses == self.training.losses[self.resumed.start_step:], "loss curves differ"
         assert [r["loss"] for r in self.killed.records] == self.training.losses[:kill_at], \
@@ -149,7 +165,7 @@ def run_all(workdir: str | pathlib.Path | None = None) -> CapstoneReport:
     workdir = pathlib.Path(workdir or tempfile.mkdtemp(prefix="capstone-"))
     config = training.capstone_config(workdir / "uninterrupted")
     whole = training.train_run(config)
-    killed_config = training.capstone_config(workdir / "killed")
+    killed_config = training.capstone_config(workdir / "killed", local_checkpoint_dir=workdir / "local")
     killed = training.run_and_kill(killed_config, training.kill_after())
     resumed = training.resume(killed_config)
     step_profile = profiling.profile_step(whole, log_dir=str(workdir / "profile"))

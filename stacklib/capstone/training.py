@@ -5,19 +5,24 @@ pipeline) over a `(data, fsdp, tensor)` mesh of 8 devices (simulated on a CPU, c
 07), saving asynchronous checkpoints with `stacklib.checkpoint`. It is `train.train`
 from chapter 12, unchanged: the capstone composes, it does not re-implement.
 
-Stage 2 runs the same configuration in a child process and kills it with SIGKILL, the
+Stage 2 runs the same configuration in a child process, with a second, local tier of
+checkpoints (chapter 05's `multitier`: the same items, saved every
+`local_checkpoint_every` steps to storage on the machine), and kills it with SIGKILL, the
 signal a preempted machine gets (nothing runs after it: no `finally`, no flush). Then
-this process runs it again: `train.train` finds the last committed checkpoint, restores
-the parameters, the optimizer state and the data iterator's position, and finishes the
-run. The final weights must equal the uninterrupted run's bit for bit.
+this process runs it again: `train.train` finds the newest committed checkpoint in
+either tier, restores the parameters, the optimizer state and the data iterator's
+position, and finishes the run. The final weights must equal the uninterrupted run's bit
+for bit.
 
 Where the kill lands. A child that is killed "whenever" makes a run that differs every
 time (sometimes before the first checkpoint, sometimes after the last step). To make
 the moment exact, the child stops after step `kill_after` and waits to be killed, as
 chapter 05's child saved onto a slow disk: the parent waits until the child has
-reported that step *and* the checkpoint before it is committed on disk, then sends
-SIGKILL. The resumed run therefore always starts from the same step, and the steps
-between that checkpoint and the kill are the work the kill cost.
+reported that step *and* each tier's last checkpoint before it is committed on disk,
+then sends SIGKILL. The resumed run therefore always starts from the same step (the
+local tier's), and the steps between that checkpoint and the kill are the work the kill
+cost; the steps since the persistent tier's last checkpoint are what it would have cost
+without the local tier.
 
 Every wait is bounded; a child that fails or hangs is killed and its output shown.
 """
@@ -53,12 +58,17 @@ def mesh_overrides(device_count: int) -> dict[str, int]:
     return dict(data_parallelism=device_count, fsdp_parallelism=1, tensor_parallelism=1)
 
 
-def capstone_config(checkpoint_dir: str | os.PathLike = "", **overrides: Any) -> Config:
-    """The capstone's training run: `hw.sizes("capstone")` on this backend's mesh."""
+def capstone_config(checkpoint_dir: str | os.PathLike = "", local_checkpoint_dir: str | os.PathLike = "",
+                    **overrides: Any) -> Config:
+    """The capstone's training run: `hw.sizes("capstone")` on this backend's mesh.
+
+    `local_checkpoint_dir` adds a local tier (stage 2), saved every `local_checkpoint_every` steps.
+    """
     sizes = dict(vars(hw.sizes("capstone")))
     sizes.pop("kill_after")
     settings = {**sizes, **mesh_overrides(jax.device_count()), "checkpoint_dir": str(checkpoint_dir),
-                "max_to_keep": 2, "async_checkpointing": True, "warmup_steps": 4, "progress": False}
+                "local_checkpoint_dir": str(local_checkpoint_dir), "max_to_keep": 2,
+                "async_checkpointing": True, "warmup_steps": 4, "progress": False}
     return load_config(None, **{**settings, **overrides})
 
 
@@ -80,12 +90,18 @@ class KilledRun:
     """What the killed child did before SIGKILL."""
 
     records: list[dict]  # the per-step JSON lines it wrote (its last step is the kill point)
-    committed_steps: list[int]  # checkpoints on disk when it was killed
+    committed_steps: list[int]  # checkpoints in checkpoint_dir (the persistent tier) when it was killed
     returncode: int  # -9: killed by SIGKILL
+    local_committed_steps: list[int] = dataclasses.field(default_factory=list)  # in the local tier, if any
 
     @property
     def killed_at(self) -> int:
         return self.records[-1]["step"]
+
+    @property
+    def last_persistent_step(self) -> int:
+        """The persistent tier's newest step before the kill: where a run without the local tier resumes."""
+        return max((step for step in self.committed_steps if step <= self.killed_at), default=0)
 
 
 CHILD = """
@@ -118,20 +134,24 @@ def _committed_steps(directory: pathlib.Path) -> list[int]:
 def run_and_kill(config: Config, kill_after_step: int, *, timeout: float = CHILD_TIMEOUT) -> KilledRun:
     """Run `config` in a child process and SIGKILL it after step `kill_after_step`.
 
-    The child stops after that step; we wait until the checkpoint before it is committed
-    (asynchronous saves finish in the background), then kill. `config.checkpoint_dir`
-    should start empty, as for any new run.
+    The child stops after that step; we wait until each tier's last checkpoint before it is
+    committed (asynchronous saves finish in the background), then kill. The checkpoint
+    directories should start empty, as for any new run.
 
     Raises:
       ValueError: `kill_after_step` comes before the first periodic checkpoint.
       RuntimeError: the child exited, or did not reach the kill point within `timeout`
         seconds; the message holds the end of its output.
     """
-    directory = pathlib.Path(config.checkpoint_dir)
     expected = kill_after_step - kill_after_step % config.checkpoint_every  # the last save before the kill
     if expected == 0:
         raise ValueError(f"kill_after={kill_after_step} comes before the first checkpoint (every "
                          f"{config.checkpoint_every} steps): nothing would be resumed. Kill later.")
+    # (directory, the last step it saves before the kill) for each tier the run writes
+    tiers = [(pathlib.Path(config.checkpoint_dir), expected)]
+    if config.local_checkpoint_dir:
+        tiers.append((pathlib.Path(config.local_checkpoint_dir),
+                      kill_after_step - kill_after_step % config.local_checkpoint_every))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(pathlib.Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-c", CHILD, json.dumps(config.to_dict()), str(kill_after_step)]
@@ -152,11 +172,12 @@ def run_and_kill(config: Config, kill_after_step: int, *, timeout: float = CHILD
         if not records or records[-1]["step"] != kill_after_step:
             raise RuntimeError(f"The child stopped before step {kill_after_step} (exit code "
                                f"{child.poll()}):\n" + "".join(lines[-40:]))
-        while expected not in _committed_steps(directory):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"checkpoint {expected} was not committed in {directory} in {timeout} s")
-            time.sleep(0.05)
-        committed = _committed_steps(directory)
+        for directory, step in tiers:
+            while step not in _committed_steps(directory):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"checkpoint {step} was not committed in {directory} in {timeout} s")
+                time.sleep(0.05)
+        committed = [_committed_steps(directory) for directory, _ in tiers]
         os.kill(child.pid, signal.SIGKILL)
         returncode = child.wait(timeout=60)
     finally:
@@ -165,7 +186,7 @@ def run_and_kill(config: Config, kill_after_step: int, *, timeout: float = CHILD
             child.wait(timeout=60)
         child.stdout.close()
         child.stdin.close()
-    return KilledRun(records, committed, returncode)
+    return KilledRun(records, committed[0], returncode, committed[1] if len(committed) > 1 else [])
 
 
 class _Watchdog:
@@ -185,7 +206,7 @@ class _Watchdog:
 
 
 def resume(config: Config) -> train.TrainResult:
-    """Stage 2, second half: the same command again; it resumes from the last committed step."""
+    """Stage 2, second half: the same command again; it resumes from either tier's newest committed step."""
     return train.train(config)
 
 

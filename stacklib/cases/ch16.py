@@ -43,13 +43,13 @@ def _check_seconds(fn, killed_at, committed, seconds):
                  what=f"the seconds lost by lost_work({killed_at}, {committed}, {seconds})")
 
 
-_DASHBOARD_SECONDS = [round(0.5 + 0.01 * i, 2) for i in range(12)]  # rounded: the messages print them
+_DASHBOARD_SECONDS = [round(0.5 + 0.01 * i, 2) for i in range(14)]  # rounded: the messages print them
 
 
 @lost_work.case(points=2, hint="Count the steps after the checkpoint the run resumed from, up to and "
                                "including killed_at (section '2. Killed, then resumed, bit for bit').")
-def the_dashboards_run_loses_four_steps(fn):
-    _check_steps(fn, 12, [1, 8], _DASHBOARD_SECONDS)
+def the_dashboards_run_loses_six_steps_without_the_local_tier(fn):
+    _check_steps(fn, 14, [1, 8], _DASHBOARD_SECONDS)
 
 
 @lost_work.case(points=2, hint="`committed_steps` comes in any order: the run resumed from the latest "
@@ -61,14 +61,14 @@ def committed_steps_in_any_order(fn):
 @lost_work.case(points=2, hint="A checkpoint at killed_at itself is not after the kill: the run resumed from "
                                "it and computed nothing twice.")
 def a_checkpoint_at_the_killed_step_loses_nothing(fn):
-    _check_steps(fn, 12, [4, 12], _DASHBOARD_SECONDS)
-    _check_seconds(fn, 12, [4, 12], _DASHBOARD_SECONDS)
+    _check_steps(fn, 14, [4, 14], _DASHBOARD_SECONDS)
+    _check_seconds(fn, 14, [4, 14], _DASHBOARD_SECONDS)
 
 
 @lost_work.case(points=2, hint="A checkpoint after killed_at was written later, by the resumed run: the run "
                                "cannot have resumed from it.")
 def a_checkpoint_after_the_kill_is_not_resumed_from(fn):
-    _check_steps(fn, 12, [4, 16, 8], _DASHBOARD_SECONDS)
+    _check_steps(fn, 14, [4, 16, 8], _DASHBOARD_SECONDS)
 
 
 @lost_work.case(points=3, hint="The seconds are the killed run's times of the redone steps; step_seconds[i] "
@@ -77,10 +77,10 @@ def the_seconds_are_those_of_the_redone_steps(fn):
     _check_seconds(fn, 7, [4], [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
 
 
-@lost_work.case(points=2, hint="The dashboard's run redoes steps 9 to 12: add the killed run's times of "
-                               "those steps (step_seconds[i] is step i + 1's time).")
+@lost_work.case(points=2, hint="With its local tier, the dashboard's run redoes steps 13 and 14: add the "
+                               "killed run's times of those steps (step_seconds[i] is step i + 1's time).")
 def the_seconds_of_the_dashboards_run(fn):
-    _check_seconds(fn, 12, [1, 8], _DASHBOARD_SECONDS)
+    _check_seconds(fn, 14, [1, 8, 8, 12], _DASHBOARD_SECONDS)
 
 
 @lost_work.case(hint="With no checkpoint committed, the run starts again from step 0 and redoes every step "

@@ -15,6 +15,7 @@ The pieces, one file each:
   tokenizer.py  ByteTokenizer: one token per UTF-8 byte
   data.py       the Python standard library's source: split by file, packed, shuffled
   train.py      the sharded, checkpointed training loop; MFU and goodput per step
+  pipeline.py   pipeline_parallelism: the layers in stages on a `pipeline` mesh axis (GPipe)
   multihost.py  one process per host: jax.distributed from the environment, checkpoints from all
   flops.py      FLOPs of a training step by hand: 6N plus attention, both causal conventions
   sample.py     generate: greedy or temperature, with or without a KV cache

@@ -76,9 +76,13 @@ class Config:
     data_parallelism: int = 1
     fsdp_parallelism: int = 1
     tensor_parallelism: int = 1
+    pipeline_parallelism: int = 1
+    num_pipeline_microbatches: int = 0
     # Checkpoints and logs
     checkpoint_dir: str = ""
     checkpoint_every: int = 100
+    local_checkpoint_dir: str = ""
+    local_checkpoint_every: int = 10
     max_to_keep: int = 2
     async_checkpointing: bool = True
     metrics_file: str = ""
@@ -109,9 +113,16 @@ class Config:
         return dataclasses.asdict(self)
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int]:
-        """(data, fsdp, tensor): the device mesh this config trains on."""
-        return (self.data_parallelism, self.fsdp_parallelism, self.tensor_parallelism)
+    def mesh_shape(self) -> tuple[int, ...]:
+        """(data, fsdp, tensor): the device mesh this config trains on; (pipeline, data, fsdp, tensor)
+        when pipeline_parallelism > 1."""
+        shape = (self.data_parallelism, self.fsdp_parallelism, self.tensor_parallelism)
+        return shape if self.pipeline_parallelism == 1 else (self.pipeline_parallelism, *shape)
+
+    @property
+    def num_microbatches(self) -> int:
+        """The microbatches a pipelined step cuts the batch into (0 in the config: one per stage)."""
+        return self.num_pipeline_microbatches or self.pipeline_parallelism
 
 
 MODEL_KEYS = (
@@ -144,8 +155,9 @@ def _check(c: Config) -> None:
     """Settings that are each fine but cannot work together."""
     positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
                 "max_seq_len", "seq_len", "batch_size", "steps", "attention_block",
-                "data_parallelism", "fsdp_parallelism", "tensor_parallelism", "checkpoint_every",
-                "max_to_keep")
+                "data_parallelism", "fsdp_parallelism", "tensor_parallelism", "pipeline_parallelism",
+                "checkpoint_every",
+                "local_checkpoint_every", "max_to_keep")
     for name in positive:
         if getattr(c, name) < 1:
             raise ConfigError(f"{name}={getattr(c, name)} must be at least 1.")
@@ -169,6 +181,8 @@ def _check(c: Config) -> None:
             f"seq_len={c.seq_len} is not a multiple of attention_block={c.attention_block}; "
             "choose a block size that divides the sequence."
         )
+    if c.local_checkpoint_dir:
+        _check_local_tier(c)
     if c.eval_batches < 0 or c.eval_every < 0:
         raise ConfigError(f"eval_batches={c.eval_batches} and eval_every={c.eval_every} must be >= 0.")
     if not 0 <= c.heldout_percent < 100:
@@ -191,6 +205,59 @@ def _check(c: Config) -> None:
         raise ConfigError(
             f"d_model={c.d_model} does not divide over fsdp_parallelism={c.fsdp_parallelism}: FSDP "
             "splits every weight along its d_model axis. Choose fsdp_parallelism dividing d_model."
+        )
+    if c.num_pipeline_microbatches < 0:
+        raise ConfigError(f"num_pipeline_microbatches={c.num_pipeline_microbatches} must be >= 0 "
+                          "(0: one microbatch per pipeline stage).")
+    if c.pipeline_parallelism > 1:
+        _check_pipeline(c)
+
+
+def _check_pipeline(c: Config) -> None:
+    """A pipeline (pipeline.py): equal stages of whole layers, equal microbatches from every data shard."""
+    p = c.pipeline_parallelism
+    if c.n_layers % p:
+        raise ConfigError(
+            f"n_layers={c.n_layers} does not split into pipeline_parallelism={p} equal stages: each stage "
+            "runs n_layers / pipeline_parallelism consecutive layers. Choose pipeline_parallelism among "
+            f"{[k for k in range(1, c.n_layers + 1) if c.n_layers % k == 0]}, or n_layers a multiple of {p}."
+        )
+    shards = c.data_parallelism * c.fsdp_parallelism
+    rows, m = c.batch_size // shards, c.num_microbatches
+    if rows % m:
+        implied = " (0 means one per stage)" if c.num_pipeline_microbatches == 0 else ""
+        divisors = [k for k in range(1, rows + 1) if rows % k == 0]
+        raise ConfigError(
+            f"num_pipeline_microbatches={c.num_pipeline_microbatches}{implied} gives {m} microbatches, which "
+            f"do not divide the {rows} rows of each data shard (batch_size={c.batch_size} over "
+            f"data_parallelism * fsdp_parallelism = {shards}): every microbatch takes the same rows from "
+            f"every shard. Choose num_pipeline_microbatches among {divisors}, or batch_size="
+            f"{shards * m * max(1, rows // m)}."
+        )
+
+
+def _check_local_tier(c: Config) -> None:
+    """A local tier (chapter 05's two-tier manager) next to `checkpoint_dir`, on its own schedule."""
+    if not c.checkpoint_dir:
+        raise ConfigError(
+            f"local_checkpoint_dir={c.local_checkpoint_dir!r} needs checkpoint_dir: the local tier is lost "
+            "with the machine, so it only adds to a persistent one. Set checkpoint_dir too, or "
+            "local_checkpoint_dir= (empty) for no local tier."
+        )
+    if c.checkpoint_every % c.local_checkpoint_every:
+        below = c.checkpoint_every // c.local_checkpoint_every * c.local_checkpoint_every
+        nearest = " or ".join(f"checkpoint_every={k}" for k in (below, below + c.local_checkpoint_every) if k)
+        raise ConfigError(
+            f"checkpoint_every={c.checkpoint_every} is not a multiple of local_checkpoint_every="
+            f"{c.local_checkpoint_every}: every persistent checkpoint must also be a local step. Use "
+            f"{nearest}, or a local_checkpoint_every that divides {c.checkpoint_every}."
+        )
+    local, persistent = (pathlib.Path(d).resolve() for d in (c.local_checkpoint_dir, c.checkpoint_dir))
+    if local == persistent or local.is_relative_to(persistent) or persistent.is_relative_to(local):
+        raise ConfigError(
+            f"local_checkpoint_dir={c.local_checkpoint_dir!r} and checkpoint_dir={c.checkpoint_dir!r} must "
+            "be separate folders, neither inside the other: the persistent tier must survive losing the "
+            "local one. Put the local tier on the machine (e.g. local_checkpoint_dir=/dev/shm/run)."
         )
 
 

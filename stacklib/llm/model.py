@@ -296,15 +296,23 @@ class Transformer(nnx.Module):
                 x = _layer_forward_remat(layer, x, cos, sin, positions)
             else:
                 x = _layer_forward(layer, x, cos, sin, positions)
+        logits = self.head(x)
+        if cache is None:
+            return logits
+        return logits, KVCache(jnp.stack(new_k), jnp.stack(new_v))  # (L, B, S, K, D) each
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """The final RMSNorm and the output projection: hidden states (B, T, d_model) -> float32 logits.
+
+        A method of its own because a pipelined model (pipeline.py) runs the layers apart
+        from the embedding and this end, and must end exactly as `__call__` does.
+        """
         x = self.norm(x)
         if self.config.tie_embeddings:
             logits = self.embed_tokens.attend(x)  # (B, T, vocab): x @ embedding.T
         else:
             logits = self.lm_head(x)  # (B, T, vocab)
-        logits = logits.astype(jnp.float32)
-        if cache is None:
-            return logits
-        return logits, KVCache(jnp.stack(new_k), jnp.stack(new_v))  # (L, B, S, K, D) each
+        return logits.astype(jnp.float32)
 
 
 def count_params(params: Any) -> int:

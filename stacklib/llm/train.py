@@ -16,7 +16,15 @@ What a step does: `nnx.merge` the model inside `jax.jit`, compute the mean next-
 cross-entropy, its gradient, one optimizer update; the whole step is compiled ahead of
 time (`jit(...).lower(...).compile()`) on a `(data, fsdp, tensor)` mesh with the
 parameters, optimizer state and batch placed by `SHARDING_RULES`, so the compile time
-is measured on its own.
+is measured on its own. With `pipeline_parallelism` > 1 the mesh gains a leading
+`pipeline` axis and the step runs the decoder layers as a pipeline (pipeline.py); between
+steps the state holds the layers stacked in stages, and checkpoints unstack them.
+
+Checkpoints go to `checkpoint_dir` every `checkpoint_every` steps. With a
+`local_checkpoint_dir` too, chapter 05's two-tier manager (`ocp.multitier`) also saves
+every `local_checkpoint_every` steps to that local tier; a restart resumes from the newest
+intact copy in either tier, and SIGTERM (a preemption notice) saves the step in progress
+locally and ends the loop.
 
 The loop records, per step, one JSON line: loss, tokens/s, step time, MFU (the step's
 FLOPs over step time times the measured peak) and the running goodput. Goodput is the
@@ -43,7 +51,9 @@ import dataclasses
 import functools
 import json
 import pathlib
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,7 +68,7 @@ import stacklib.nn as nnx
 import stacklib.optim as optax
 from stacklib import compile as compile_tools
 from stacklib import parallel, profile
-from stacklib.llm import data, multihost
+from stacklib.llm import data, multihost, pipeline
 from stacklib.llm.config import BASE_CONFIG, MODEL_KEYS, Config, ConfigError, load_config
 from stacklib.llm.model import Transformer
 
@@ -107,10 +117,11 @@ def make_optimizer(config: Config, optax_module: Any = optax) -> Any:
     real optax: the call is identical, which is the book's drop-in principle.
     """
     schedule = learning_rate_schedule(config, optax_module)
+    mask = decay_mask if config.pipeline_parallelism == 1 else pipeline.staged_decay_mask
     return optax_module.chain(
         optax_module.clip_by_global_norm(config.clip_norm),
         optax_module.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
-                           mask=decay_mask),
+                           mask=mask),
     )
 
 
@@ -119,19 +130,25 @@ def next_token_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def make_loss_fn(graphdef: nnx.GraphDef) -> Callable:
-    """`loss(params, batch)` for a batch of (B, T + 1) token records."""
+def make_loss_fn(graphdef: nnx.GraphDef, forward: Callable | None = None) -> Callable:
+    """`loss(params, batch)` for a batch of (B, T + 1) token records.
+
+    `forward(params, tokens) -> logits` stands in for the model's own call: the pipelined
+    model's (`pipeline.make_forward`), whose params hold the layers staged.
+    """
 
     def loss_fn(params, batch):
         inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, T) each: predict token t+1 from 0..t
-        return next_token_loss(nnx.merge(graphdef, params)(inputs), targets)
+        logits = nnx.merge(graphdef, params)(inputs) if forward is None else forward(params, inputs)
+        return next_token_loss(logits, targets)
 
     return loss_fn
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
+                    forward: Callable | None = None) -> Callable:
     """A pure step `(params, opt_state, batch) -> (params, opt_state, metrics)`, not jitted."""
-    loss_fn = make_loss_fn(graphdef)
+    loss_fn = make_loss_fn(graphdef, forward)
 
     def train_step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -145,24 +162,30 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) ->
 def make_mesh(config: Config) -> jax.sharding.Mesh:
     """The (data, fsdp, tensor) mesh of `config`, with Auto axes (the compiler places activations).
 
+    With pipeline_parallelism > 1, a (pipeline, data, fsdp, tensor) mesh.
+
     Raises:
       ConfigError: the mesh needs more devices than there are, naming the settings.
     """
     needed = int(np.prod(config.mesh_shape))
+    axes = MESH_AXES if config.pipeline_parallelism == 1 else (pipeline.PIPELINE_AXIS, *MESH_AXES)
+    product = " * ".join(f"{axis}_parallelism" for axis in axes)
     if jax.process_count() > 1 and needed != jax.device_count():
         raise ConfigError(
-            f"data_parallelism * fsdp_parallelism * tensor_parallelism = {needed}, but this job of "
+            f"{product} = {needed}, but this job of "
             f"{jax.process_count()} processes has {jax.device_count()} devices: with several processes the "
             "mesh must span them all (every process must hold part of it). Make the product "
             f"{jax.device_count()}."
         )
     try:
-        return parallel.make_mesh(config.mesh_shape, MESH_AXES, (AxisType.Auto,) * 3)
+        return parallel.make_mesh(config.mesh_shape, axes, (AxisType.Auto,) * len(axes))
     except ValueError as error:
         raise ConfigError(
-            f"data_parallelism * fsdp_parallelism * tensor_parallelism = {needed} devices, but "
+            f"{product} = {needed} devices, but "
             f"this process has {len(jax.devices())}. Lower the mesh sizes, or simulate CPU devices "
-            f"with stacklib.hw.simulate_cpu_devices({needed}) before JAX starts. ({error})"
+            f"with stacklib.hw.simulate_cpu_devices({needed}) before JAX starts (on the command line: "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} python -m stacklib.llm.train ...). "
+            f"({error})"
         ) from None
 
 
@@ -176,24 +199,43 @@ class ShardedStep:
     opt_state_sharding: Any
     batch_sharding: NamedSharding
     compile_seconds: float
+    loss_fn: Callable | None = None  # `loss(params, batch)` on the step's params, for evaluation
+    num_stages: int = 1  # pipeline stages; above 1 the step's params and opt_state hold the layers staged
 
     def __call__(self, params, opt_state, batch):
         return self.compiled(params, opt_state, batch)
 
     def place(self, params, opt_state):
+        """Put a state as built or restored (per layer) on the mesh, its layers staged for a pipeline."""
+        if self.num_stages > 1:
+            params, opt_state = pipeline.stage_layers((params, opt_state), self.num_stages)
         return (jax.device_put(params, self.params_sharding),
                 jax.device_put(opt_state, self.opt_state_sharding))
 
+    def unstage(self, tree):
+        """`tree` (the step's params, opt_state or both) per layer again, as checkpoints hold it."""
+        return tree if self.num_stages == 1 else pipeline.unstage_layers(tree)
+
 
 def compile_step(config: Config, graphdef, params, opt_state, tx, *, donate: bool = True) -> ShardedStep:
-    """Compile the train step ahead of time for `config`'s mesh and logical-axis rules."""
+    """Compile the train step ahead of time for `config`'s mesh and logical-axis rules.
+
+    With pipeline_parallelism > 1 the step is another program (pipeline.py): its layers run
+    as a pipeline, and its state holds them staged, sharded over the `pipeline` axis.
+    `ShardedStep.place` stages a per-layer state; `ShardedStep.unstage` undoes it.
+    """
     mesh = make_mesh(config)
-    params_sharding = parallel.get_named_sharding(params, mesh, SHARDING_RULES)
-    opt_state_sharding = parallel.get_named_sharding(opt_state, mesh, SHARDING_RULES)
-    batch_sharding = NamedSharding(mesh, parallel.logical_to_mesh_axes(("batch", None), SHARDING_RULES))
+    rules, forward = SHARDING_RULES, None
+    if config.pipeline_parallelism > 1:
+        rules = SHARDING_RULES + pipeline.PIPELINE_RULES
+        forward = pipeline.make_forward(graphdef, params, config, mesh)
+        params, opt_state = pipeline.stage_layers((params, opt_state), config.pipeline_parallelism)
+    params_sharding = parallel.get_named_sharding(params, mesh, rules)
+    opt_state_sharding = parallel.get_named_sharding(opt_state, mesh, rules)
+    batch_sharding = NamedSharding(mesh, parallel.logical_to_mesh_axes(("batch", None), rules))
     replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
     jitted = jax.jit(
-        make_train_step(graphdef, tx),
+        make_train_step(graphdef, tx, forward=forward),
         in_shardings=(params_sharding, opt_state_sharding, batch_sharding),
         out_shardings=(params_sharding, opt_state_sharding, replicated),
         donate_argnums=(0, 1) if donate else (),
@@ -205,7 +247,8 @@ def compile_step(config: Config, graphdef, params, opt_state, tx, *, donate: boo
     params, opt_state = jax.device_put((params, opt_state), (params_sharding, opt_state_sharding))
     compiled = jitted.lower(params, opt_state, batch).compile()
     return ShardedStep(compiled, mesh, params_sharding, opt_state_sharding, batch_sharding,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, make_loss_fn(graphdef, forward),
+                       config.pipeline_parallelism)
 
 
 def step_flops(config: Config, graphdef, params, opt_state, tx) -> float:
@@ -292,22 +335,90 @@ def check_architecture(saved: dict, config: Config, where: str) -> None:
         )
 
 
-def save_checkpoint(manager: ocp.CheckpointManager, step: int, params, opt_state, iterator,
-                    config: Config) -> None:
-    manager.save(step, args=ocp.args.Composite(
+AnyCheckpointManager = ocp.CheckpointManager | ocp.multitier.CheckpointManager
+
+
+def make_checkpoint_manager(config: Config) -> AnyCheckpointManager | None:
+    """The run's checkpoint manager: none, one directory, or two tiers with `local_checkpoint_dir`.
+
+    Both kinds answer `should_save`, `save`, `latest_step` and `restore` alike, so the loop
+    does not ask which one it has. Each tier keeps `max_to_keep` steps.
+
+    Raises:
+      ConfigError: `local_checkpoint_dir` in a job of several processes: there every process
+        writes its own shards into one checkpoint (multihost.py), which the two-tier manager,
+        a single writer, does not do.
+    """
+    if not config.checkpoint_dir:
+        return None
+    if config.local_checkpoint_dir:
+        if jax.process_count() > 1:
+            raise ConfigError(
+                f"local_checkpoint_dir={config.local_checkpoint_dir!r} works in a single process only, and "
+                f"this job has {jax.process_count()}: with several processes each writes its shards of one "
+                "checkpoint_dir, which the two-tier manager does not do. Set local_checkpoint_dir= (empty) "
+                "and rely on checkpoint_dir, or train in one process.")
+        tiers = ocp.multitier
+        options = tiers.CheckpointManagerOptions(
+            local=tiers.LocalCheckpointOptions(save_interval_steps=config.local_checkpoint_every,
+                                               max_to_keep=config.max_to_keep),
+            persistent=tiers.PersistentCheckpointOptions(save_interval_steps=config.checkpoint_every,
+                                                         max_to_keep=config.max_to_keep),
+            enable_async_checkpointing=config.async_checkpointing)
+        return tiers.CheckpointManager(config.local_checkpoint_dir, config.checkpoint_dir, options=options)
+    if jax.process_count() > 1:  # every process opens the directory; none may race to create it
+        pathlib.Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    return ocp.CheckpointManager(config.checkpoint_dir, options=ocp.CheckpointManagerOptions(
+        max_to_keep=config.max_to_keep, save_interval_steps=config.checkpoint_every,
+        enable_async_checkpointing=config.async_checkpointing))
+
+
+def save_checkpoint(manager: AnyCheckpointManager, step: int, params, opt_state, iterator,
+                    config: Config, *, force: bool = False) -> None:
+    """Save the state, the data iterator's position and the config as `step`, if due or `force`d."""
+    manager.save(step, force=force, args=ocp.args.Composite(
         state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
         data=ocp.args.JsonSave(iterator.get_state()),
         config=ocp.args.JsonSave(config.to_dict())))
 
 
-def restore_checkpoint(manager: ocp.CheckpointManager, step: int, params, opt_state, config: Config):
-    """(params, opt_state, data iterator state) of `step`, after checking the architecture."""
+def restore_checkpoint(manager: AnyCheckpointManager, params, opt_state, config: Config):
+    """(step, params, opt_state, data iterator state) of the newest checkpoint, architecture checked.
+
+    With two tiers, the newest intact copy in either: a damaged copy is skipped with a
+    warning and the next one read, so the step may be older than `latest_step()`.
+    """
+    tiered = isinstance(manager, ocp.multitier.CheckpointManager)
+    step = None if tiered else manager.latest_step()
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-    check_architecture(saved, config, str(manager.directory))
+    where = (f"{manager.local.directory} or {manager.persistent.directory}" if tiered
+             else str(manager.directory))
+    check_architecture(saved, config, where)
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}),
         data=ocp.args.JsonRestore()))
-    return restored.state["params"], restored.state["opt_state"], restored.data
+    if tiered:
+        step = manager.last_restore.step
+    return step, restored.state["params"], restored.state["opt_state"], restored.data
+
+
+def install_preemption_handler(manager: AnyCheckpointManager | None) -> Callable[[], None]:
+    """Let SIGTERM ask a two-tier `manager` to save the next step locally; return the undo.
+
+    Only for two tiers, and only from the main thread (Python delivers signals there). The
+    undo puts the previous handler back: the notebook or test process that called `train`
+    keeps its own once the loop is over.
+    """
+    if (not isinstance(manager, ocp.multitier.CheckpointManager)
+            or threading.current_thread() is not threading.main_thread()):
+        return lambda: None
+    previous = ocp.multitier.install_preemption_handler(manager)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def reached_preemption(manager: AnyCheckpointManager | None, step: int) -> bool:
+    """Whether a preemption notice made `manager` save `step` (or an earlier one): time to stop."""
+    return isinstance(manager, ocp.multitier.CheckpointManager) and manager.reached_preemption(step)
 
 
 # -- the loop -----------------------------------------------------------------------------
@@ -325,6 +436,7 @@ class TrainResult:
     flops_per_step: float
     peak_flops: float
     start_step: int  # 0, or the checkpoint step this call resumed from
+    preempted_at: int | None = None  # the step saved on a preemption notice (SIGTERM); the loop stopped there
 
     @property
     def model(self) -> Transformer:
@@ -337,7 +449,10 @@ class TrainResult:
 
 def train(config: Config, *, root: str | None = None, stop_after: int | None = None,
           log: Callable[[dict], None] | None = None) -> TrainResult:
-    """Train `config.steps` steps, resuming from `config.checkpoint_dir`'s latest step if any.
+    """Train `config.steps` steps, resuming from the newest checkpoint if any (either tier's).
+
+    With a local tier, SIGTERM saves the step in progress there and ends the loop early
+    (`TrainResult.preempted_at`); the same call again resumes from that step.
 
     Args:
       config: the run.
@@ -351,7 +466,7 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
 
     Raises:
       ArchitectureMismatchError: `checkpoint_dir` holds a checkpoint of another model.
-      ConfigError: the mesh does not fit the devices.
+      ConfigError: the mesh does not fit the devices, or a local tier in a job of several processes.
     """
     clock = Goodput()
     with clock.time("init"):
@@ -364,27 +479,19 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
                                            shard_count=processes))
         heldout = data.heldout_batches(config, root) if config.eval_batches else []
         peak = config.peak_flops or measured_peak_flops()
-    manager, start = None, 0
-    if config.checkpoint_dir:
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=config.max_to_keep, save_interval_steps=config.checkpoint_every,
-            save_on_steps=(config.steps,), enable_async_checkpointing=config.async_checkpointing)
-        if processes > 1:  # every process opens the directory; none may race to create it
-            pathlib.Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        manager = ocp.CheckpointManager(config.checkpoint_dir, options=options)
-        if manager.latest_step() is not None:
-            with clock.time("checkpoint"):
-                start = manager.latest_step()
-                if processes > 1:  # restore to host arrays: device_put then keeps each process's shards
-                    params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
-                params, opt_state, data_state = restore_checkpoint(manager, start, params, opt_state, config)
-                iterator.set_state(data_state)
+    manager, start, preempted_at = make_checkpoint_manager(config), 0, None
+    if manager is not None and manager.latest_step() is not None:
+        with clock.time("checkpoint"):
+            if processes > 1:  # restore to host arrays: device_put then keeps each process's shards
+                params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
+            start, params, opt_state, data_state = restore_checkpoint(manager, params, opt_state, config)
+            iterator.set_state(data_state)
     with clock.time("compile"):  # after the restore: a wrong checkpoint fails before compiling
         step_fn = compile_step(config, graphdef, params, opt_state, tx)
         flops = step_flops(config, graphdef, params, opt_state, tx)
     params, opt_state = step_fn.place(params, opt_state)
     replicated = NamedSharding(step_fn.mesh, jax.sharding.PartitionSpec())
-    eval_loss_fn = jax.jit(make_loss_fn(graphdef), out_shardings=replicated)
+    eval_loss_fn = jax.jit(step_fn.loss_fn, out_shardings=replicated)
     heldout = [multihost.process_batch(multihost.process_rows(b), step_fn.batch_sharding) for b in heldout]
 
     primary = multihost.is_primary()  # metrics, logs and the progress bar: process 0 only
@@ -393,6 +500,7 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
     last = config.steps if stop_after is None else min(config.steps, start + stop_after)
     progress = _progress(range(start + 1, last + 1), config if primary else config.replace(progress=False))
     tokens = config.batch_size * config.seq_len
+    uninstall_preemption_handler = install_preemption_handler(manager)
     try:
         for step in progress:
             with clock.time("input"):
@@ -402,15 +510,18 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
             loss = _wait_for_loss(metrics, step)  # waits for the step to finish
             seconds = time.perf_counter() - began
             clock.add("step", seconds)
-            if manager is not None and manager.should_save(step):
+            final = step == config.steps  # the finished run is saved whatever the interval
+            if manager is not None and (final or manager.should_save(step)):
                 with clock.time("checkpoint"):
                     if processes > 1:
+                        state = step_fn.unstage({"params": params, "opt_state": opt_state})
                         multihost.save_checkpoint(
-                            config.checkpoint_dir, step, {"params": params, "opt_state": opt_state},
+                            config.checkpoint_dir, step, state,
                             iterator.get_state(), config.to_dict(), max_to_keep=config.max_to_keep)
                         manager.reload()  # it learns of the step from the directory
                     else:
-                        save_checkpoint(manager, step, params, opt_state, iterator, config)
+                        save_checkpoint(manager, step, *step_fn.unstage((params, opt_state)), iterator,
+                                        config, force=final)
             record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
                       "step_time": seconds, "tokens_per_s": tokens / seconds,
                       "mfu": profile.mfu(flops, seconds, peak), "goodput": clock.goodput()}
@@ -424,19 +535,27 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
                 log(record)
             if hasattr(progress, "set_postfix"):
                 progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if reached_preemption(manager, step):  # the grace period is short: no final evaluation
+                preempted_at = step
+                print(f"train: preemption notice (SIGTERM): step {step} is saved in local_checkpoint_dir="
+                      f"{config.local_checkpoint_dir}; stopping. The same command resumes from it.",
+                      file=sys.stderr, flush=True)
+                break
         if manager is not None:
             with clock.time("checkpoint"):
                 manager.wait_until_finished()
                 manager.close()
         eval_loss = None
-        if heldout:
+        if heldout and preempted_at is None:
             with clock.time("eval"):
                 eval_loss = evaluate(eval_loss_fn, params, heldout)
     finally:
+        uninstall_preemption_handler()
         if metrics_file is not None:
             metrics_file.close()
     breakdown = clock.breakdown()
-    return TrainResult(config, graphdef, params, history, breakdown, eval_loss, flops, peak, start)
+    return TrainResult(config, graphdef, step_fn.unstage(params), history, breakdown, eval_loss, flops, peak,
+                       start, preempted_at)
 
 
 def _wait_for_loss(metrics: dict, step: int) -> float:

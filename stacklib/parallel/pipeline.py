@@ -16,7 +16,9 @@ Three parts:
     the two dependencies (stage s forwards microbatch i after stage s - 1 did; it runs
     the backward after its own forward and after stage s + 1's backward);
   * `pipeline_loss`: the forward loop over m + p - 1 ticks inside `shard_map`; `jax.grad`
-    of it runs the ticks in reverse, which is exactly GPipe's backward half;
+    of it runs the ticks in reverse, which is exactly GPipe's backward half
+    (`pipeline_apply` is the same loop returning the outputs, for a model with layers of
+    its own around the pipeline: chapter 12's language model);
   * `pipeline_value_and_grad`: an executor of any schedule (GPipe or 1F1B): each stage
     stashes the inputs of its microbatches in flight and recomputes its forward in the
     backward (MaxText's default remat policy saves the same "iteration_input"), so its
@@ -24,9 +26,10 @@ Three parts:
 
 Differences from MaxText:
   * One pipeline axis and no circular pipelines (`num_pipeline_repeats`), no forwarding
-    delay, no data/FSDP sharding within a stage; the batch is replicated over stages.
+    delay. `pipeline_loss` and `pipeline_value_and_grad` replicate the batch over stages;
+    `pipeline_apply` leaves the other mesh axes to the compiler (data, FSDP, tensor).
   * A stage is a stack of `layer(params, x)` calls on one array (a toy dense layer by
-    default), not a Flax module with positions and segment ids.
+    default; chapter 12 passes a decoder layer), not a Flax module with segment ids.
   * The schedule executor is ours: MaxText differentiates its pipeline loop with
     `jax.grad`, which gives the GPipe order. Both are SPMD (one program, every stage);
     Pathways can also run MPMD pipelines, a different program per stage.
@@ -228,8 +231,8 @@ def sequential_loss(layers: Any, x: jax.Array, y: jax.Array, layer: Callable = d
 
 
 # ---- executing a pipeline with shard_map
-def _split(stages: Any, x: jax.Array, y: jax.Array, mesh: Mesh, axis_name: str, num_microbatches: int):
-    """Check the arguments and cut the batch into microbatches: (m, B / m, ...)."""
+def _check(stages: Any, batch: int, mesh: Mesh, axis_name: str, num_microbatches: int) -> int:
+    """The number of stages, after checking that stages, mesh and batch fit together."""
     if axis_name not in mesh.shape:
         raise ValueError(f"The mesh has axes {tuple(mesh.shape)}, no {axis_name!r}: build it with "
                          f"make_mesh((num_stages,), ({axis_name!r},), (AxisType.Auto,)) or pass axis_name=.")
@@ -243,10 +246,15 @@ def _split(stages: Any, x: jax.Array, y: jax.Array, mesh: Mesh, axis_name: str, 
         raise ValueError(f"stages has {num_stages} stages on its leading axis, but mesh axis {axis_name!r} "
                          f"has {size} devices: build them with stack_stages(layers, {size}) or a mesh "
                          f"whose {axis_name!r} axis has size {num_stages}.")
-    batch = x.shape[0]
     if num_microbatches < 1 or batch % num_microbatches:
         raise ValueError(f"The batch of {batch} rows does not split into num_microbatches={num_microbatches} "
                          f"equal microbatches: use a divisor of {batch}, or pad the batch.")
+    return num_stages
+
+
+def _split(stages: Any, x: jax.Array, y: jax.Array, mesh: Mesh, axis_name: str, num_microbatches: int):
+    """Check the arguments and cut the batch into microbatches: (m, B / m, ...)."""
+    num_stages, batch = _check(stages, x.shape[0], mesh, axis_name, num_microbatches), x.shape[0]
     # (B, ...) -> (microbatches, B / microbatches, ...)
     return num_stages, *(a.reshape(num_microbatches, batch // num_microbatches, *a.shape[1:]) for a in (x, y))
 
@@ -256,14 +264,46 @@ def _varying(tree: Any, axis_name: str) -> Any:
     return jax.tree.map(lambda a: lax.pcast(a, axis_name, to="varying"), tree)
 
 
-def pipeline_loss(stages: Any, x: jax.Array, y: jax.Array, *, mesh: Mesh, num_microbatches: int,
-                  axis_name: str = "pipeline", layer: Callable = dense_layer) -> jax.Array:
-    """The mean squared error of the whole stack, run as a GPipe forward pass over the stages.
+def _gpipe_forward(stage: Any, xs: jax.Array, num_stages: int, axis_name: str, layer: Callable) -> jax.Array:
+    """One stage's program for GPipe's forward pass, run inside `shard_map` by every stage.
 
     Each of the m + p - 1 ticks, every stage applies its layers to what it holds, and one
     ppermute passes every stage's output to the next stage; stage 0 takes microbatch t
     instead, and the last stage keeps its output for microbatch t - (p - 1). In the ticks
     where a stage holds no microbatch (the bubble) it computes values that nothing keeps.
+
+    Args:
+      stage: this stage's layers, leaves (1, L / p, ...).
+      xs: every microbatch, (m, B / m, ...); each layer keeps the shape of its input.
+
+    Returns:
+      (m, B / m, ...): the stack's outputs on the last stage, zeros on the others.
+    """
+    num_microbatches = xs.shape[0]
+    to_next = [(s, s + 1) for s in range(num_stages - 1)]
+    stage = jax.tree.map(lambda a: a[0], stage)  # (1, L / p, ...) -> (L / p, ...): this stage's layers
+    me = lax.axis_index(axis_name)
+
+    def tick(carry, t):
+        held, outputs = carry
+        h = apply_layers(stage, jnp.where(me == 0, xs[jnp.minimum(t, num_microbatches - 1)], held), layer)
+        finished = t - (num_stages - 1)  # the microbatch the last stage holds at tick t
+        keep = (me == num_stages - 1) & (finished >= 0)
+        slot = jnp.maximum(finished, 0)
+        outputs = lax.dynamic_update_index_in_dim(outputs, jnp.where(keep, h, outputs[slot]), slot, 0)
+        return (lax.ppermute(h, axis_name, to_next), outputs), None
+
+    start = _varying((jnp.zeros_like(xs[0]), jnp.zeros_like(xs)), axis_name)
+    (_, outputs), _ = lax.scan(tick, start, jnp.arange(num_microbatches + num_stages - 1))
+    return outputs
+
+
+def pipeline_loss(stages: Any, x: jax.Array, y: jax.Array, *, mesh: Mesh, num_microbatches: int,
+                  axis_name: str = "pipeline", layer: Callable = dense_layer) -> jax.Array:
+    """The mean squared error of the whole stack, run as a GPipe forward pass over the stages.
+
+    Every stage runs `_gpipe_forward` (m + p - 1 ticks of "apply my layers, pass the result
+    right"); the last stage then holds every microbatch's output and computes the loss.
     Differentiate it from outside with `jax.grad`: the loss leaves `shard_map` through a
     `psum`, so each stage's gradient is its own and nothing is counted twice.
 
@@ -277,28 +317,58 @@ def pipeline_loss(stages: Any, x: jax.Array, y: jax.Array, *, mesh: Mesh, num_mi
         does not split into equal microbatches.
     """
     num_stages, xs, ys = _split(stages, x, y, mesh, axis_name, num_microbatches)
-    to_next = [(s, s + 1) for s in range(num_stages - 1)]
 
     def per_stage(stage, xs, ys):
-        stage = jax.tree.map(lambda a: a[0], stage)  # (1, L / p, ...) -> (L / p, ...): this stage's layers
-        me = lax.axis_index(axis_name)
-
-        def tick(carry, t):
-            held, outputs = carry
-            h = apply_layers(stage, jnp.where(me == 0, xs[jnp.minimum(t, num_microbatches - 1)], held), layer)
-            finished = t - (num_stages - 1)  # the microbatch the last stage holds at tick t
-            keep = (me == num_stages - 1) & (finished >= 0)
-            slot = jnp.maximum(finished, 0)
-            outputs = lax.dynamic_update_index_in_dim(outputs, jnp.where(keep, h, outputs[slot]), slot, 0)
-            return (lax.ppermute(h, axis_name, to_next), outputs), None
-
-        start = _varying((jnp.zeros_like(xs[0]), jnp.zeros_like(xs)), axis_name)
-        (_, outputs), _ = lax.scan(tick, start, jnp.arange(num_microbatches + num_stages - 1))
+        outputs = _gpipe_forward(stage, xs, num_stages, axis_name, layer)
         local = jnp.mean((outputs - ys) ** 2)  # meaningful on the last stage only
-        return lax.psum(jnp.where(me == num_stages - 1, local, 0.0), axis_name)
+        last = lax.axis_index(axis_name) == num_stages - 1
+        return lax.psum(jnp.where(last, local, 0.0), axis_name)
 
     run = jax.shard_map(per_stage, mesh=mesh, in_specs=(P(axis_name), P(), P()), out_specs=P())
     return run(stages, xs, ys)
+
+
+def pipeline_apply(stages: Any, x: jax.Array, *, mesh: Mesh, num_microbatches: int,
+                   axis_name: str = "pipeline", layer: Callable = dense_layer) -> jax.Array:
+    """The stack's output for `x`, by GPipe's forward pass over the stages: `pipeline_loss` without a loss.
+
+    For a model with more around its stack of layers, such as a language model's embedding
+    before it and final norm, head and loss after it: those run outside on the whole
+    batch, and `jax.grad` flows through this function as through `pipeline_loss`. The
+    output leaves the last stage through a `psum` to which the other stages add zeros.
+
+    Only the pipeline axis is manual inside `shard_map`; the mesh's other axes stay Auto,
+    so the compiler splits each stage's work over data, FSDP and tensor axes as it does
+    without a pipeline. Microbatch i is rows i, i + m, i + 2m, ... of the batch: when the
+    batch is split into contiguous blocks over a data axis and each block's rows are a
+    multiple of m, every device already holds its share of every microbatch.
+
+    Args:
+      stages: the layers' parameters with a leading stage axis (`stack_stages`).
+      x: (batch, ...), of the shape each layer takes and returns; the batch splits into
+        `num_microbatches`.
+      mesh: a mesh with an axis `axis_name` of one device per stage (Auto axes).
+
+    Returns:
+      (batch, ...): the last layer's output, rows in the order of `x`.
+
+    Raises:
+      ValueError: as `pipeline_loss`.
+    """
+    batch, m = x.shape[0], num_microbatches
+    num_stages = _check(stages, batch, mesh, axis_name, m)
+    # (B, ...) -> (B / m, m, ...) -> (m, B / m, ...): microbatch i is rows i, i + m, i + 2m, ...
+    xs = jnp.swapaxes(x.reshape(batch // m, m, *x.shape[1:]), 0, 1)
+
+    def per_stage(stage, xs):
+        outputs = _gpipe_forward(stage, xs, num_stages, axis_name, layer)
+        last = lax.axis_index(axis_name) == num_stages - 1
+        return lax.psum(jnp.where(last, outputs, 0), axis_name)
+
+    run = jax.shard_map(per_stage, mesh=mesh, in_specs=(P(axis_name), P()), out_specs=P(),
+                        axis_names={axis_name})
+    # (m, B / m, ...) -> (B / m, m, ...) -> (B, ...): the rows back in their order
+    return jnp.swapaxes(run(stages, xs), 0, 1).reshape(x.shape)
 
 
 def _stash_size(schedule: Schedule, arrivals: np.ndarray, num_microbatches: int) -> int:
