@@ -53,7 +53,7 @@ def method_table(scale: float) -> None:
 
     seeds = [0, 1, 2] if scale >= 1 else [0]
     recipe_changes = {} if scale >= 1 else dict(
-        sft_max_steps=25, sft_eval_every=25, grpo_steps=2, grpo_prompts=8, validation=64, heldout=64)
+        sft_max_steps=4, sft_eval_every=4, grpo_steps=2, grpo_prompts=8, validation=16, heldout=16)
     dpo_steps = max(2, int(100 * scale))
     rows: dict[str, dict[str, list]] = {}
 
@@ -130,15 +130,16 @@ def loss_speed(scale: float) -> None:
 
 def main(scale: float = 1.0) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    if scale < 1:  # a shrunken recipe: keep its models out of the real cache
-        os.environ["STACKLIB_CACHE"] = tempfile.mkdtemp(prefix="bench-align-")
-        # Throwaway models: train them here, not in the zoo's fixed build process (three
-        # fresh Pythons). The build process itself is tested in tests/test_llm.py.
-        os.environ[zoo_build.BUILDER_ENV] = "1"
-        from stacklib.llm import zoo as llm_zoo
+    with tempfile.TemporaryDirectory(prefix="bench-align-") as throwaway_cache:
+        if scale < 1:  # a shrunken recipe: keep its models out of the real cache
+            os.environ["STACKLIB_CACHE"] = throwaway_cache
+            # Throwaway models: train them here, not in the zoo's fixed build process (three
+            # fresh Pythons). The build process itself is tested in tests/test_llm.py.
+            os.environ[zoo_build.BUILDER_ENV] = "1"
+            from stacklib.llm import zoo as llm_zoo
 
-        llm_zoo.ZOO["stdlib-bytes"] = {**llm_zoo.ZOO["stdlib-bytes"], "steps": 3}
-    start = time.perf_counter()
-    method_table(scale)
-    loss_speed(scale)
-    print(f"\n(bench_align: {time.perf_counter() - start:.0f} s)")
+            llm_zoo.ZOO["stdlib-bytes"] = {**llm_zoo.ZOO["stdlib-bytes"], "steps": 3}
+        start = time.perf_counter()
+        method_table(scale)
+        loss_speed(scale)
+        print(f"\n(bench_align: {time.perf_counter() - start:.0f} s)")
