@@ -43,7 +43,7 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1
 
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build
-	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_XDIST) --durations=25 \
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_XDIST) --build-zoo-first --durations=25 \
 		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book

@@ -1,7 +1,9 @@
 """Shared paths and helpers for the test suite."""
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -26,6 +28,36 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (for things that must happen before JAX starts)."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+# -- the zoo, built first (make test) ----------------------------------------------------------
+# Chapters 13-16 and several tests start from the zoo's models (stacklib.llm.zoo, stacklib.align
+# .zoo): about 2½ minutes of training on one core, in the zoo's fixed build process, the first
+# time. Whichever test asks first waits for it, and when a second worker asks meanwhile, both
+# workers wait and a core sits idle. `--build-zoo-first` (make test passes it) asks for them at
+# once, in a background process, so the build overlaps the first tests. The files do not depend
+# on who asks (zoo_build.py); a test that needs a model still waits for it, on the zoo's lock.
+ZOO_WARM_UP = "from stacklib.align import zoo; zoo.grpo(seed=0)"  # builds stdlib-bytes and sft-start too
+
+
+def pytest_addoption(parser):
+    parser.addoption("--build-zoo-first", action="store_true",
+                     help="train the zoo's models in a background process from the start of the session")
+
+
+def pytest_sessionstart(session):
+    if not session.config.getoption("--build-zoo-first") or hasattr(session.config, "workerinput"):
+        return  # not asked, or an xdist worker (the controller starts it once)
+    session.config.zoo_warm_up = subprocess.Popen(
+        [sys.executable, "-c", ZOO_WARM_UP], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+
+
+def pytest_sessionfinish(session):
+    warm_up = getattr(session.config, "zoo_warm_up", None)
+    if warm_up is not None and warm_up.poll() is None:  # a short selection of tests: stop it
+        os.killpg(warm_up.pid, signal.SIGKILL)  # its build process too; the zoo cleans up what it left
+        warm_up.wait()
 
 
 @pytest.fixture
