@@ -19,10 +19,11 @@ import pytest
 from conftest import ROOT, cache_fingerprint
 
 import stacklib.checkpoint as ocp
+import stacklib.kernels as kernels
 import stacklib.nn as nnx
 from stacklib.llm import data, flops, sample, train, zoo
 from stacklib.llm.config import BASE_CONFIG, Config, ConfigError, load_config, parse_overrides
-from stacklib.llm.model import KVCache, Transformer, attend, causal_mask
+from stacklib.llm.model import KVCache, Transformer, apply_rope, rope_angles
 from stacklib.llm.tokenizer import ByteTokenizer
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=32,
@@ -70,7 +71,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_type():
     (["data_parallelism=3"], r"batch_size=16 does not divide over data_parallelism \* fsdp_parallelism"),
     (["n_kv_heads=3"], r"n_heads=4 is not a multiple of n_kv_heads=3.*\[1, 2, 4\]"),
     (["tensor_parallelism=4", "n_kv_heads=2"], r"n_kv_heads=2 does not divide over tensor_parallelism=4"),
-    (["attention=flash"], r"attention='flash' is not one of dense, causal_blocks"),
+    (["attention=flash"], r"attention='flash' is not one of auto, xla, xla_chunked, pallas, cudnn"),
 ])
 def test_settings_that_cannot_work_together_name_the_setting_and_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -169,15 +170,35 @@ def test_the_model_is_causal(model):
     np.testing.assert_array_equal(forward(model, tokens)[:, :10], forward(model, changed)[:, :10])
 
 
-def test_grouped_query_attention_equals_chapter_02s_attention_with_repeated_heads():
-    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(kq, (2, 6, 4, 8))
-    k, v = jax.random.normal(kk, (2, 6, 2, 8)), jax.random.normal(kv, (2, 6, 2, 8))
+def test_the_models_attention_equals_chapter_02s_attention_with_repeated_heads(model):
+    x = jax.random.normal(jax.random.key(0), (2, 6, model.config.d_model))
+    attn = model.layers[0].self_attn
     positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
-    ours = jax.jit(attend)(q, k, v, causal_mask(positions, positions))
+    cos, sin = rope_angles(positions, model.config.head_dim, model.config.rope_theta)
+    ours, _ = attn(x, cos, sin, positions)
     # Chapter 02's attention repeats each key/value head for its group of query heads.
-    reference = jax.jit(functools.partial(nnx.dot_product_attention, is_causal=True))(q, k, v)
-    np.testing.assert_allclose(ours, reference, atol=1e-6)
+    B, T, H, K, D = 2, 6, model.config.n_heads, model.config.n_kv_heads, model.config.head_dim
+    q = apply_rope(attn.q_proj(x).reshape(B, T, H, D), cos, sin)
+    k = apply_rope(attn.k_proj(x).reshape(B, T, K, D), cos, sin)
+    v = attn.v_proj(x).reshape(B, T, K, D)
+    reference = nnx.dot_product_attention(q, k, v, is_causal=True).reshape(B, T, H * D)
+    np.testing.assert_allclose(ours, attn.o_proj(reference), atol=1e-6)
+
+
+def test_the_model_runs_the_kernel_librarys_attention_with_the_configured_tile():
+    tokens = jax.random.randint(jax.random.key(5), (1, 32), 0, 256)
+    with kernels.record_calls() as calls:  # traced: chapter 09's flash attention, with the config's tile
+        jax.eval_shape(Transformer(tiny(attention="pallas", attention_block=16), rngs=nnx.Rngs(0)), tokens)
+    forward_calls = [call for call in calls if call.name == "flash_attention_fwd"]
+    assert len(forward_calls) == TINY["n_layers"], calls  # one per layer
+    assert all(call.in_blocks[1][-2:] == (16, 8) and call.in_blocks[2][-2:] == (16, 8)
+               for call in forward_calls), forward_calls  # (block, head_dim) of the queries and keys
+    # attention_block=0: the tile comes from the autotuning cache, which a miss under 'error' proves.
+    untuned = Transformer(tiny(attention="xla_chunked"), rngs=nnx.Rngs(0))
+    with kernels.autotuning.using(cache=kernels.autotuning.AutotuningCache(os.devnull + ".absent")), \
+            kernels.autotuning_cache_miss_fallback("error"), \
+            pytest.raises(kernels.autotuning.AutotuningCacheMiss, match="xla_chunked"):
+        jax.eval_shape(untuned, tokens)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -185,11 +206,12 @@ def _grad_of_mean_logits(graphdef, params, tokens):
     return jax.grad(lambda p: nnx.merge(graphdef, p)(tokens).mean())(params)
 
 
-def test_block_causal_attention_and_remat_change_the_cost_not_the_result(model):
+def test_each_attention_implementation_and_remat_change_the_cost_not_the_result(model):
     tokens = jax.random.randint(jax.random.key(2), (2, 32), 0, 256)
     graphdef, params = nnx.split(model, nnx.Param)
     reference_logits, reference_grads = forward(model, tokens), _grad_of_mean_logits(graphdef, params, tokens)
-    for changes in (dict(attention="causal_blocks", attention_block=8), dict(remat=True)):
+    for changes in (dict(attention="xla"), dict(attention="xla_chunked", attention_block=8),
+                    dict(attention="pallas", attention_block=16), dict(remat=True)):
         # The same parameters under another graphdef: only how the forward is computed differs.
         other = nnx.merge(nnx.graphdef(Transformer(tiny(**changes), rngs=nnx.Rngs(0))), params)
         if not other.config.remat:  # remat only changes the backward pass
@@ -218,22 +240,29 @@ def test_kv_cache_generation_equals_recomputation_token_for_token(model):
 
 # -- FLOPs ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attention, causal", [("dense", False), ("causal_blocks", True)])
-def test_step_flops_are_within_5_percent_of_xlas_count(attention, causal):
-    config = load_config(None, attention=attention, attention_block=16)
+def test_step_flops_are_within_5_percent_of_xlas_count_under_both_conventions():
+    config = load_config(None, attention="xla")  # every score computed: what XLA counts is dense
     graphdef, params = nnx.split(jax.eval_shape(lambda: train.make_model(config)), nnx.Param)
     tx = train.make_optimizer(config)
     opt_state = jax.eval_shape(tx.init, params)
     batch = jax.ShapeDtypeStruct((config.batch_size, config.seq_len + 1), jnp.int32)
     lowered = jax.jit(train.make_train_step(graphdef, tx)).lower(params, opt_state, batch)
     xla = lowered.cost_analysis()["flops"]
-    by_hand = flops.training_flops(config, causal=causal).total
-    assert abs(by_hand / xla - 1) < 0.05, (by_hand, xla)
-    # The other convention is off by attention's causal half: the conventions differ.
-    other = flops.training_flops(config, causal=not causal).total
-    assert abs(other / xla - 1) > abs(by_hand / xla - 1)
-    assert by_hand == pytest.approx(6 * flops.matmul_params(config) * 16 * 128
-                                    + flops.training_flops(config, causal=causal).attention)
+    # A causal kernel (flash attention) skips the tiles above the diagonal. XLA cannot count inside a
+    # kernel, so: XLA's dense count less the skipped tiles (chapter 09's cost model; forward + 2x backward).
+    shape = (config.batch_size, config.seq_len, config.seq_len, config.n_heads, config.n_kv_heads,
+             config.head_dim)
+    computed = {causal: kernels.flash_attention_cost(*shape, block_q=16, block_k=16, is_causal=causal).flops
+                for causal in (False, True)}
+    xla_by_convention = {False: xla, True: xla - 3 * config.n_layers * (computed[False] - computed[True])}
+    for causal, counted in xla_by_convention.items():
+        by_hand = flops.training_flops(config, causal=causal).total
+        assert abs(by_hand / counted - 1) < 0.05, (causal, by_hand, counted)
+        # The other convention is off by attention's causal half: the conventions differ.
+        other = flops.training_flops(config, causal=not causal).total
+        assert abs(other / counted - 1) > abs(by_hand / counted - 1)
+        assert by_hand == pytest.approx(6 * flops.matmul_params(config) * 16 * 128
+                                        + flops.training_flops(config, causal=causal).attention)
 
 
 # -- sharding, training, resumption --------------------------------------------------------------

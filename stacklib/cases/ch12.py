@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import stacklib.kernels as kernels
 from stacklib.grading import Exercise, call_on_copies, expect, expect_close, expect_equal
 from stacklib.llm import flops, model
 from stacklib.llm.config import Config
@@ -81,8 +82,9 @@ gqa_attention = Exercise("12.gqa_attention", "Causal attention with grouped key/
 
 
 def _reference_attention(q, k, v, q_positions, k_positions):
-    mask = model.causal_mask(jnp.asarray(q_positions), jnp.asarray(k_positions))
-    return np.asarray(model.attend(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask))
+    mask = model.causal_mask(jnp.asarray(q_positions), jnp.asarray(k_positions))[:, None]  # (B, 1, T, S)
+    return np.asarray(kernels.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask,
+                                                    implementation="xla"))
 
 
 def _check_attention(attention_fn, seed, B, T, S, H, K, D, q_positions, k_positions, what):

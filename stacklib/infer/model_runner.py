@@ -9,7 +9,7 @@ the token slots of every block laid end to end. A step receives, per sequence:
 
 Paged attention for decode, in plain JAX: the block table is expanded into slot ids
 `block_tables[b, j // bs] * bs + j % bs` for logical positions j = 0..M*bs-1, keys and
-values are *gathered* through them into (B, M*bs, K, D), and the chapter-12 `attend`
+values are *gathered* through them into (B, M*bs, K, D), and chapter 10's attention ('xla')
 runs with a causal mask on positions, which hides the unused tail. The gather is what
 a paged-attention kernel (vLLM's CUDA kernel, JAX's Pallas `paged_attention` for TPU)
 fuses into the attention loop instead of materialising.
@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import stacklib.nn as nnx
-from stacklib.llm.model import Transformer, apply_rope, attend, causal_mask, rope_angles
+import stacklib.kernels as kernels
+from stacklib.llm.model import Transformer, apply_rope, causal_mask, rope_angles
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:
@@ -63,7 +64,7 @@ def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_ma
     H, K, D = config.n_heads, config.n_kv_heads, config.head_dim
     slots = (block_tables[:, :, None] * block_size + jnp.arange(block_size)).reshape(B, M * block_size)
     logical = jnp.broadcast_to(jnp.arange(M * block_size), (B, M * block_size))  # (B, S): position j
-    mask = causal_mask(positions, logical)  # (B, T, S)
+    mask = causal_mask(positions, logical)[:, None]  # (B, 1, T, S): the same for every head
     cos, sin = rope_angles(positions, D, config.rope_theta)  # (B, T, D/2)
     x = model.embed_tokens(tokens)  # (B, T, d_model)
     for i, layer in enumerate(model.layers):
@@ -76,7 +77,8 @@ def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_ma
         k_cache = k_cache.at[i, slot_mapping].set(k.astype(k_cache.dtype))  # write this step's keys
         v_cache = v_cache.at[i, slot_mapping].set(v.astype(v_cache.dtype))
         keys, values = k_cache[i][slots], v_cache[i][slots]  # (B, S, K, D): gathered through the tables
-        out = attend(q, keys, values, mask).reshape(B, T, H * D)  # (B, T, H*D)
+        out = kernels.dot_product_attention(q, keys, values, mask=mask, implementation="xla")
+        out = out.reshape(B, T, H * D)  # (B, T, H*D)
         x = x + attn.o_proj(out)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     x = x[jnp.arange(B), last_index][:, None]  # (B, 1, d_model): only the rows whose logits we use

@@ -23,7 +23,8 @@ Here the same, small enough to read:
   one: the pick is then deterministic, and a cache hit can be shown to read it zero times.
 * `get_config(implementation, call)` — the lookup-then-policy logic above.
 * `using(cache=…, autotuner=…)` and `autotuning_cache_miss_fallback(policy)` — context
-  managers that set these for a block of code.
+  managers that set these for a block of code; `pinned(config)` gives every tunable call
+  in a block one config chosen by hand (chapter 12's model uses it for its `attention_block`).
 
 Tuning happens when an op is *traced*, so a call under `jax.jit` or `jax.grad` is tuned
 once, and the config it gets is baked into both the forward and the backward program.
@@ -191,6 +192,7 @@ class _State:
     cache: AutotuningCache | None = None  # None: the default file, opened on first use
     autotuner: Autotuner = dataclasses.field(default_factory=Autotuner)
     policy: str = "heuristics"
+    pinned: Any = None  # a config every tunable call uses, cache or not
 
 
 _STATE = _State()
@@ -229,6 +231,21 @@ def autotuning_cache_miss_fallback(policy: str) -> Iterator[None]:
         _STATE.policy = previous
 
 
+@contextlib.contextmanager
+def pinned(config: Any) -> Iterator[None]:
+    """Every tunable call traced inside the `with` block uses `config`, not the cache or the policy.
+
+    Tokamax gets the same effect by giving an op object its config
+    (`DotProductAttention(config=...)`); a hand-picked tile is for experiments (chapter 12
+    pins one to count the FLOPs of causal block skipping), the cache for production.
+    """
+    previous, _STATE.pinned = _STATE.pinned, config
+    try:
+        yield
+    finally:
+        _STATE.pinned = previous
+
+
 class AutotuningCacheMiss(LookupError):
     """Policy 'error': no tuned config is cached for this call."""
 
@@ -241,6 +258,8 @@ def get_config(implementation: Implementation, call: BoundCall) -> Any:
     """
     if not implementation.tunable:
         return None
+    if _STATE.pinned is not None:
+        return _STATE.pinned
     cache, key = current_cache(), cache_key(implementation.name, call)
     if (entry := cache.get(key)) is not None:
         return type(implementation.heuristic_config(call))(**entry["config"])

@@ -73,6 +73,22 @@ def _block(x: jax.Array | None, start: jax.Array, size: int, axis: int) -> jax.A
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
+def _varying_like(carry, *arrays):
+    """`carry` marked as varying over the mesh axes any of `arrays` varies over (inside shard_map).
+
+    A loop's carry must have the same type on the way in and out; under `shard_map` that type
+    includes the axes a value differs along, and the running max/sum/output of the online softmax
+    vary wherever the queries, keys or values do, while the constants they start from do not.
+    """
+    axes = set()
+    for x in arrays:
+        if x is not None:
+            axes |= jax.typeof(x).manual_axis_type.varying
+    if not axes:
+        return carry
+    return jax.tree.map(lambda c: jax.lax.pcast(c, tuple(sorted(axes)), to="varying"), carry)
+
+
 def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
                           mask: jax.Array | None = None, query_seq_lengths: jax.Array | None = None,
                           key_value_seq_lengths: jax.Array | None = None, *, scale: float,
@@ -129,6 +145,7 @@ def xla_chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
             return m_new, denom, acc
 
         init = (jnp.full((B, K, G, bq), mask_value()), jnp.zeros((B, K, G, bq)), jnp.zeros((B, K, G, bq, h)))
+        init = _varying_like(init, q_block, k, v, bias, mask)
         _, denom, acc = jax.lax.fori_loop(0, nk, key_block, init)
         return (acc / denom[..., None]).transpose(0, 3, 1, 2, 4)  # [B, bq, K, G, h]
 

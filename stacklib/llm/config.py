@@ -30,7 +30,8 @@ import yaml
 
 BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
 
-ATTENTION_CHOICES = ("dense", "causal_blocks")
+# "auto", or one implementation of stacklib.kernels.ATTENTION (chapter 10) by name.
+ATTENTION_CHOICES = ("auto", "xla", "xla_chunked", "pallas", "cudnn")
 
 
 class ConfigError(ValueError):
@@ -53,8 +54,8 @@ class Config:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
-    attention: str = "dense"
-    attention_block: int = 32
+    attention: str = "auto"
+    attention_block: int = 0
     remat: bool = False
     # Data
     seq_len: int = 128
@@ -154,7 +155,7 @@ def _check_keys(keys: Iterable[str]) -> None:
 def _check(c: Config) -> None:
     """Settings that are each fine but cannot work together."""
     positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-                "max_seq_len", "seq_len", "batch_size", "steps", "attention_block",
+                "max_seq_len", "seq_len", "batch_size", "steps",
                 "data_parallelism", "fsdp_parallelism", "tensor_parallelism", "pipeline_parallelism",
                 "checkpoint_every",
                 "local_checkpoint_every", "max_to_keep")
@@ -176,11 +177,9 @@ def _check(c: Config) -> None:
             f"seq_len={c.seq_len} is longer than the model's max_seq_len={c.max_seq_len}. "
             f"Set seq_len<={c.max_seq_len}, or max_seq_len>={c.seq_len} (a new model)."
         )
-    if c.attention == "causal_blocks" and c.seq_len % c.attention_block:
-        raise ConfigError(
-            f"seq_len={c.seq_len} is not a multiple of attention_block={c.attention_block}; "
-            "choose a block size that divides the sequence."
-        )
+    if c.attention_block < 0:
+        raise ConfigError(f"attention_block={c.attention_block} must be >= 0 (0: the autotuning cache, "
+                          "else the kernel library's heuristic).")
     if c.local_checkpoint_dir:
         _check_local_tier(c)
     if c.eval_batches < 0 or c.eval_every < 0:

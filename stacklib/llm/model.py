@@ -42,11 +42,13 @@ boundaries inside a packed sequence, as in nanoGPT), no dropout, no MoE.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+import stacklib.kernels as kernels
 import stacklib.nn as nnx
 from stacklib.llm.config import Config
 
@@ -114,46 +116,17 @@ def causal_mask(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     return k_positions[:, None, :] <= q_positions[:, :, None]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention: softmax(q k^T / sqrt(D) where mask) v.
-
-    Args:
-      q: (B, T, H, D) queries; k, v: (B, S, K, D) with K dividing H. Query head h uses
-        key/value head h // (H / K): the H heads are K groups of G = H / K.
-      mask: (B, T, S) booleans, False where a query may not look.
-
-    Returns:
-      (B, T, H, D). Scores and softmax in float32 whatever the inputs' dtype.
-    """
-    B, T, H, D = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, H // K, D)  # (B, T, K, G, D): group the query heads by their kv head
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)  # (B, K, G, T, S)
-    scores = scores / jnp.sqrt(jnp.float32(D))
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", weights, v)  # (B, T, K, G, D)
-    return out.reshape(B, T, H, D)  # (B, T, H, D): heads back in query order
+# The attention implementations tried, in order, when the config says attention="auto": chapter 09's
+# flash attention on a TPU, cuDNN's on a GPU (bfloat16 only; else the next), and chapter 10's
+# chunked attention, which runs everywhere. A name in the config replaces the list.
+AUTO_ATTENTION = {"tpu": ("pallas", "xla_chunked"), "gpu": ("cudnn", "xla_chunked"), "cpu": ("xla_chunked",)}
 
 
-def attend_causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
-                         block: int) -> jax.Array:
-    """`attend` with a causal mask, skipping the key blocks that lie wholly in the future.
-
-    Query block i (rows iC..iC+C-1) can only see keys 0..iC+C-1, so it is computed
-    against those keys alone: the masked upper triangle is (almost) never multiplied,
-    about halving attention's FLOPs, which is what a causal flash-attention kernel
-    does. Needs positions that do not decrease along the sequence (arange, as in
-    training); the result equals `attend` with `causal_mask` to float32 rounding.
-    """
-    T = q.shape[1]
-    outputs = []
-    for start in range(0, T, block):
-        end = min(start + block, T)
-        q_block, q_pos = q[:, start:end], positions[:, start:end]  # (B, C, H, D), (B, C)
-        mask = causal_mask(q_pos, positions[:, :end])  # (B, C, end)
-        outputs.append(attend(q_block, k[:, :end], v[:, :end], mask))
-    return jnp.concatenate(outputs, axis=1)  # (B, T, H, D)
+def attention_implementations(config: Config) -> tuple[str, ...]:
+    """The `stacklib.kernels.ATTENTION` implementations the model asks for, first choice first."""
+    if config.attention == "auto":
+        return AUTO_ATTENTION[jax.default_backend()]
+    return (config.attention,)
 
 
 class Attention(nnx.Module):
@@ -171,7 +144,9 @@ class Attention(nnx.Module):
         self.o_proj = nnx.Linear(h * hd, d, use_bias=False, rngs=rngs,
                                  kernel_init=_partitioned(kernel, "q_heads", "embed"))
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
-        self.attention, self.attention_block = config.attention, config.attention_block
+        self.implementations = attention_implementations(config)
+        self.tile = kernels.AttentionConfig(config.attention_block, config.attention_block) \
+            if config.attention_block else None  # None: the autotuning cache, else the heuristic
 
     def __call__(self, x, cos, sin, positions, kv_cache=None):
         """x (B, T, d_model) -> (B, T, d_model), and the layer's updated (k, v) cache if given."""
@@ -188,14 +163,20 @@ class Attention(nnx.Module):
             k_cache = k_cache.at[rows, positions].set(k.astype(k_cache.dtype))
             v_cache = v_cache.at[rows, positions].set(v.astype(v_cache.dtype))
             slots = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (B, k_cache.shape[1]))  # (B, S)
-            out = attend(q, k_cache, v_cache, causal_mask(positions, slots))
+            mask = causal_mask(positions, slots)[:, None]  # (B, 1, T, S): the same for every head
+            # Flash attention takes no mask: 'xla' is the fallback that always can.
+            out = self._attend(q, k_cache, v_cache, mask=mask, implementation=(*self.implementations, "xla"))
             kv_cache = (k_cache, v_cache)
-        elif self.attention == "causal_blocks":
-            out = attend_causal_blocks(q, k, v, positions, self.attention_block)
-        else:
-            out = attend(q, k, v, causal_mask(positions, positions))
+        else:  # training and scoring: row t attends to tokens 0..t of its row
+            out = self._attend(q, k, v, is_causal=True, implementation=self.implementations)
         out = out.reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*D): concatenate the heads
         return self.o_proj(out), kv_cache
+
+    def _attend(self, q, k, v, **options):
+        # Chapter 10's API: the first implementation that can serve the call runs, with its tile
+        # from the config, else the autotuning cache, else the heuristic.
+        with kernels.autotuning.pinned(self.tile) if self.tile else contextlib.nullcontext():
+            return kernels.dot_product_attention(q, k, v, **options)
 
 
 class MLP(nnx.Module):
