@@ -7,12 +7,12 @@ the token slots of every block laid end to end. A step receives, per sequence:
     slot_mapping           (B, T)  the cache slot each new key/value is written to
     block_tables           (B, M)  each sequence's blocks (M = max blocks per sequence)
 
-Paged attention for decode, in plain JAX: the block table is expanded into slot ids
-`block_tables[b, j // bs] * bs + j % bs` for logical positions j = 0..M*bs-1, keys and
-values are *gathered* through them into (B, M*bs, K, D), and chapter 10's attention ('xla')
-runs with a causal mask on positions, which hides the unused tail. The gather is what
-a paged-attention kernel (vLLM's CUDA kernel, JAX's Pallas `paged_attention` for TPU)
-fuses into the attention loop instead of materialising.
+Attention reads the cache through the block tables with
+`stacklib.kernels.ragged_paged_attention` (its registry picks the implementation: 'xla'
+gathers the blocks, the Pallas kernel on TPU looks them up block by block). The step's
+rows become a ragged batch: row b is a sequence with q_len = last_index[b] + 1 new tokens
+and kv_len = its last position + 1 cached ones; the flat cache is viewed as
+(num_blocks, block_size, K, D), a free reshape.
 
 Shapes are bucketed so XLA compiles a handful of programs once: prefill pads T up to a
 power of two (B = 1: one prompt per call), decode pads B up to a power of two (T = 1),
@@ -21,7 +21,7 @@ null block 0 and are never read unmasked. `warmup()` compiles every bucket.
 
 Mirrors vLLM's `GPUModelRunner` / TPU model runner (paddings as in `tpu_model_runner.py`).
 Differences: prefill and decode are separate calls (vLLM v1 mixes them in one batch and
-chunks long prompts); no CUDA graphs; the attention is the gather, not a fused kernel.
+chunks long prompts); no CUDA graphs.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import stacklib.nn as nnx
-import stacklib.kernels as kernels
-from stacklib.llm.model import Transformer, apply_rope, causal_mask, rope_angles
+from stacklib.kernels import ragged_paged_attention
+from stacklib.llm.model import Transformer, apply_rope, rope_angles
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:
@@ -60,11 +60,13 @@ def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_ma
     model = nnx.merge(graphdef, params)
     config = model.config
     B, T = tokens.shape
-    M = block_tables.shape[1]
     H, K, D = config.n_heads, config.n_kv_heads, config.head_dim
-    slots = (block_tables[:, :, None] * block_size + jnp.arange(block_size)).reshape(B, M * block_size)
-    logical = jnp.broadcast_to(jnp.arange(M * block_size), (B, M * block_size))  # (B, S): position j
-    mask = causal_mask(positions, logical)[:, None]  # (B, 1, T, S): the same for every head
+    # The rows as a ragged batch: row b's real tokens are its first last_index[b] + 1 (the rest
+    # is padding). Flattened they are contiguous only when B == 1 (prefill) or T == 1 (decode).
+    assert B == 1 or T == 1, f"a step is one prefill (B = 1) or a decode batch (T = 1), got {(B, T)}"
+    q_lens = last_index + 1  # (B,)
+    query_start_loc = jnp.concatenate([jnp.zeros(1, q_lens.dtype), jnp.cumsum(q_lens)])  # (B + 1,)
+    kv_lens = positions[jnp.arange(B), last_index] + 1  # (B,): the cache holds this step's keys too
     cos, sin = rope_angles(positions, D, config.rope_theta)  # (B, T, D/2)
     x = model.embed_tokens(tokens)  # (B, T, d_model)
     for i, layer in enumerate(model.layers):
@@ -76,8 +78,9 @@ def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_ma
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache = k_cache.at[i, slot_mapping].set(k.astype(k_cache.dtype))  # write this step's keys
         v_cache = v_cache.at[i, slot_mapping].set(v.astype(v_cache.dtype))
-        keys, values = k_cache[i][slots], v_cache[i][slots]  # (B, S, K, D): gathered through the tables
-        out = kernels.dot_product_attention(q, keys, values, mask=mask, implementation="xla")
+        out = ragged_paged_attention(  # (B*T, H, D); padding tokens give 0
+            q.reshape(B * T, H, D), k_cache[i].reshape(-1, block_size, K, D),
+            v_cache[i].reshape(-1, block_size, K, D), kv_lens, block_tables, query_start_loc, max_query_len=T)
         out = out.reshape(B, T, H * D)  # (B, T, H*D)
         x = x + attn.o_proj(out)
         x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -27,15 +27,24 @@ Chapter 10 puts kernels behind tokamax's API (`import stacklib.kernels as tokama
   'xla_chunked' (`xla_chunked.py`, memory linear in the sequence), 'pallas' (flash attention);
 * `autotune`, `autotuning_cache_miss_fallback` — block sizes timed once and cached on disk
   (`autotuning.py`).
+
+Chapter 14's inference engine attends through the same machinery:
+
+* `ragged_paged_attention` and its registry `PAGED_ATTENTION` — decode and chunked prefill
+  of a ragged batch against a paged KV cache via block tables; 'xla' gathers the blocks,
+  'pallas' is a kernel whose index map looks the blocks up in scalar-prefetched block
+  tables (`paged_attention.py`, after vLLM TPU's ragged paged attention).
 """
 
 from stacklib.kernels.api import (
     ATTENTION,
     GATED_LINEAR_UNIT,
     LAYER_NORM,
+    PAGED_ATTENTION,
     dot_product_attention,
     gated_linear_unit,
     layer_norm,
+    ragged_paged_attention,
 )
 from stacklib.kernels.autotuning import autotune, autotuning_cache_miss_fallback
 from stacklib.kernels.backend import KernelCall, record_calls, resolve_interpret
@@ -61,6 +70,7 @@ __all__ = [
     "AttentionConfig",
     "GATED_LINEAR_UNIT",
     "LAYER_NORM",
+    "PAGED_ATTENTION",
     "NoImplementationError",
     "autotune",
     "autotuning_cache_miss_fallback",
@@ -77,6 +87,7 @@ __all__ = [
     "matmul",
     "matmul_cost",
     "matmul_reference",
+    "ragged_paged_attention",
     "record_calls",
     "reference_attention",
     "resolve_interpret",

@@ -18,8 +18,10 @@ Each function (mirroring `tokamax/_src/ops/*/api.py`):
    (`stacklib.kernels.autotuning`) and runs; when none can, `NoImplementationError` lists
    every implementation's reason.
 
-The registries `ATTENTION`, `LAYER_NORM` and `GATED_LINEAR_UNIT` declare what each
-implementation supports; print one to see it.
+The registries `ATTENTION`, `LAYER_NORM`, `GATED_LINEAR_UNIT` and `PAGED_ATTENTION` declare
+what each implementation supports; print one to see it. `ragged_paged_attention` (the
+inference engine's attention over a paged KV cache) is ours, after vLLM TPU's kernel:
+tokamax has no paged op.
 
 Differences from tokamax: no `precision` or `q_sharding` for attention, no quantized
 inputs, no Triton/Mosaic GPU kernels; our `'pallas'` is chapter 09's flash attention
@@ -35,10 +37,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from stacklib.kernels import autotuning
 from stacklib.kernels.gated_linear_unit import xla_gated_linear_unit
 from stacklib.kernels.normalization import xla_layer_norm
+from stacklib.kernels.paged_attention import paged_attention_pallas, paged_attention_xla
 from stacklib.kernels.registry import BoundCall, Implementation, NoImplementationError, Registry, bind
 from stacklib.kernels.xla_attention import xla_attention
 from stacklib.kernels.xla_chunked import AttentionConfig, xla_chunked_attention
@@ -142,6 +146,14 @@ LAYER_NORM.register(Implementation("xla", xla_layer_norm, backends=ALL_BACKENDS,
 GATED_LINEAR_UNIT = Registry("gated_linear_unit", default_order=dict.fromkeys(ALL_BACKENDS, ("xla",)))
 GATED_LINEAR_UNIT.register(Implementation("xla", xla_gated_linear_unit, backends=ALL_BACKENDS,
                                           dtypes=("float32", "bfloat16", "float16")))
+
+# Ragged paged attention (paged_attention.py): the Pallas kernel leads only where it compiles natively.
+PAGED_ATTENTION = Registry("ragged_paged_attention",
+                           default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla",)})
+PAGED_ATTENTION.register(Implementation("xla", paged_attention_xla, backends=ALL_BACKENDS,
+                                        dtypes=("float32", "bfloat16", "float16")))
+PAGED_ATTENTION.register(Implementation("pallas", paged_attention_pallas, backends=ALL_BACKENDS,
+                                        dtypes=("float32", "bfloat16")))
 
 # ---------------------------------------------------------------- dispatch
 
@@ -328,3 +340,140 @@ def gated_linear_unit(x: jax.Array, weights: jax.Array | tuple[jax.Array, jax.Ar
     static = dict(activation=activation, precision=precision)
     call = bind("gated_linear_unit", arrays, static)
     return _dispatch(GATED_LINEAR_UNIT, call, [], [x, weights], static, implementation)
+
+
+def _concrete(x: jax.Array) -> np.ndarray | None:
+    """The values of `x`, or None while tracing (value checks then wait for concrete inputs)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _check_paged_attention(queries, key_cache, value_cache, kv_lens, block_tables, query_start_loc,
+                           max_query_len) -> int:
+    """Raise a ValueError naming the argument, the shapes and the fix; return max_query_len."""
+    arrays = dict(queries=queries, key_cache=key_cache, value_cache=value_cache, kv_lens=kv_lens,
+                  block_tables=block_tables, query_start_loc=query_start_loc)
+    if jnp.ndim(queries) != 3:
+        raise _shape_error("queries must be (T, H, D): the new tokens of every sequence, concatenated; "
+                           "for a (B, T, H, D) batch pass queries.reshape(-1, H, D)", queries=queries)
+    for name in ("key_cache", "value_cache"):
+        if jnp.ndim(arrays[name]) != 4:
+            raise _shape_error(f"{name} must be (num_blocks, block_size, K, D); a flat (slots, K, D) cache "
+                               f"is {name}.reshape(-1, block_size, K, D)", **{name: arrays[name]})
+    if key_cache.shape != value_cache.shape:
+        raise _shape_error("key_cache and value_cache must have the same shape", key_cache=key_cache,
+                           value_cache=value_cache)
+    T, H, D = queries.shape
+    num_blocks, block_size, K, Dk = key_cache.shape
+    if Dk != D:
+        raise _shape_error(f"the caches' head dim must equal the queries' D={D}, got {Dk}",
+                           queries=queries, key_cache=key_cache)
+    if H % K:
+        divisors = [d for d in range(1, H + 1) if H % d == 0]
+        raise _shape_error(f"the query head count H={H} must be a multiple of the cache's K={K} "
+                           f"(grouped-query attention); use K in {divisors}",
+                           queries=queries, key_cache=key_cache)
+    floating = jnp.issubdtype(queries.dtype, jnp.floating)
+    if not queries.dtype == key_cache.dtype == value_cache.dtype or not floating:
+        raise ValueError(f"queries, key_cache and value_cache must share one floating dtype, got "
+                         f"{queries.dtype}, {key_cache.dtype}, {value_cache.dtype}; cast the queries, e.g. "
+                         f"queries.astype(key_cache.dtype).")
+    if jnp.ndim(block_tables) != 2:
+        raise _shape_error("block_tables must be (S, max_blocks_per_seq): one row of block ids per sequence",
+                           block_tables=block_tables)
+    S, M = block_tables.shape
+    for name, shape in (("kv_lens", (S,)), ("block_tables", (S, M)), ("query_start_loc", (S + 1,))):
+        x = arrays[name]
+        if tuple(jnp.shape(x)) != shape or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+            raise ValueError(f"{name} must be integers of shape {shape} for S={S} sequences (block_tables "
+                             f"{tuple(block_tables.shape)}), got {jnp.result_type(x)} of shape "
+                             f"{tuple(jnp.shape(x))}.")
+    if max_query_len is None:
+        max_query_len = T
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 1:
+        raise ValueError(f"max_query_len must be a positive int (the most new tokens any sequence has; "
+                         f"1 when only decoding) or None for T={T}, got {max_query_len!r}.")
+    tables, lens, starts = (_concrete(x) for x in (block_tables, kv_lens, query_start_loc))
+    if tables is not None and tables.size and not ((tables >= 0) & (tables < num_blocks)).all():
+        s, j = np.argwhere((tables < 0) | (tables >= num_blocks))[0]
+        raise ValueError(f"block_tables[{s}, {j}] = {tables[s, j]} points outside the cache, which has "
+                         f"num_blocks={num_blocks} (key_cache {tuple(key_cache.shape)}); fill unused "
+                         f"entries with a valid block id such as 0.")
+    if lens is not None and ((lens < 0) | (lens > M * block_size)).any():
+        s = int(np.argmax((lens < 0) | (lens > M * block_size)))
+        raise ValueError(f"kv_lens[{s}] = {lens[s]} is not within 0..{M * block_size}: block_tables "
+                         f"{tuple(block_tables.shape)} covers at most {M} blocks of block_size={block_size}; "
+                         f"give block_tables more columns (max_blocks_per_seq >= "
+                         f"{-(-int(lens.max()) // block_size)}).")
+    if starts is not None:
+        q_lens = np.diff(starts)
+        if starts[0] != 0 or (q_lens < 0).any() or starts[-1] > T:
+            raise ValueError(f"query_start_loc must start at 0, never decrease, and end at most at the "
+                             f"number of query tokens T={T} (sequence s owns tokens query_start_loc[s] "
+                             f"to query_start_loc[s + 1]); got {starts.tolist()}.")
+        if (q_lens > max_query_len).any():
+            s = int(np.argmax(q_lens > max_query_len))
+            raise ValueError(f"sequence {s} has q_len={q_lens[s]} query tokens (query_start_loc "
+                             f"{starts.tolist()}), more than max_query_len={max_query_len}; pass "
+                             f"max_query_len={int(q_lens.max())} or None.")
+        if lens is not None and (q_lens > lens).any():
+            s = int(np.argmax(q_lens > lens))
+            raise ValueError(f"sequence {s} has q_len={q_lens[s]} query tokens but kv_lens[{s}] = {lens[s]}: "
+                             f"kv_lens counts the new tokens too (write their keys to the cache first), so "
+                             f"q_len <= kv_len.")
+    return max_query_len
+
+
+def ragged_paged_attention(queries: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
+                           kv_lens: jax.Array, block_tables: jax.Array, query_start_loc: jax.Array, *,
+                           scale: float | None = None, max_query_len: int | None = None,
+                           implementation: str | Sequence[str] | None = None) -> jax.Array:
+    """Attention of a ragged batch of query tokens against a paged KV cache (decode and chunked prefill).
+
+    Sequence s owns query tokens `query_start_loc[s] : query_start_loc[s + 1]` (q_len[s] of
+    them; 1 to decode, more for a prefill chunk, 0 for a padding sequence) and has
+    `kv_lens[s]` cached keys, the new tokens' included; its position p lives in block
+    `block_tables[s, p // block_size]`, slot `p % block_size`. Query i of sequence s sits at
+    position kv_lens[s] - q_len[s] + i and attends to positions <= its own:
+
+        out[t] = Σ_p softmax_p(scale · q[t]·k[s, p]) v[s, p],   p <= kv_len[s] - q_len[s] + i
+
+    Forward only (inference); see `paged_attention.py` for both implementations.
+
+    Args:
+      queries: (T, H, D), the new tokens of all sequences concatenated; tokens at or past
+        `query_start_loc[S]` are padding and give 0.
+      key_cache, value_cache: (num_blocks, block_size, K, D), H a multiple of K.
+      kv_lens: (S,) ints, the keys each sequence has in the cache.
+      block_tables: (S, max_blocks_per_seq) ints, each sequence's blocks in order.
+      query_start_loc: (S + 1,) ints, cumulative query offsets, starting at 0.
+      scale: multiplies q·k; default 1/sqrt(D).
+      max_query_len: a static bound on every q_len (the queries are regrouped per sequence
+        into this many rows); default T. Pass 1 for a decode-only batch.
+      implementation: a name in `PAGED_ATTENTION` ('xla', 'pallas'), a sequence of names,
+        or None (default order: 'pallas' then 'xla' on TPU, 'xla' elsewhere).
+
+    Returns:
+      (T, H, D) in the queries' dtype.
+
+    Raises:
+      ValueError: wrong ranks or shapes, H not a multiple of K, mismatched dtypes; and when
+        the integer arguments are concrete (not traced): a block id outside the cache, a
+        kv_len longer than the block table covers, query_start_loc not starting at 0,
+        decreasing or past T, a q_len above kv_len or max_query_len.
+      NoImplementationError: no implementation in the list can serve the call.
+
+    Reference: Kwon et al., "Efficient Memory Management for Large Language Model Serving
+    with PagedAttention", SOSP 2023; vLLM TPU's `ragged_paged_attention`.
+    """
+    max_query_len = _check_paged_attention(queries, key_cache, value_cache, kv_lens, block_tables,
+                                           query_start_loc, max_query_len)
+    arrays = dict(queries=queries, key_cache=key_cache, value_cache=value_cache, kv_lens=kv_lens,
+                  block_tables=block_tables, query_start_loc=query_start_loc)
+    static = dict(scale=float(1 / math.sqrt(queries.shape[-1]) if scale is None else scale),
+                  max_query_len=max_query_len)
+    call = bind("ragged_paged_attention", arrays, static)
+    args = [jnp.asarray(x) for x in arrays.values()]
+    return _dispatch(PAGED_ATTENTION, call, [], args, static, implementation)
