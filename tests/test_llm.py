@@ -23,7 +23,8 @@ import stacklib.kernels as kernels
 import stacklib.nn as nnx
 from stacklib.llm import data, flops, sample, train, zoo
 from stacklib.llm.config import BASE_CONFIG, Config, ConfigError, load_config, parse_overrides
-from stacklib.llm.model import KVCache, Transformer, apply_rope, rope_angles
+from stacklib.llm.kv_cache import KVCache, PagedKVCache
+from stacklib.llm.model import Transformer, apply_rope, rope_angles
 from stacklib.llm.tokenizer import ByteTokenizer
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=32,
@@ -236,6 +237,28 @@ def test_kv_cache_generation_equals_recomputation_token_for_token(model):
     step, _ = forward(model, prompt[:, :1], jnp.full((3, 1), 5), cache)
     full = forward(model, jnp.concatenate([prompt, prompt[:, :1]], axis=1))
     np.testing.assert_allclose(jnp.concatenate([logits, step], axis=1), full, atol=1e-5)
+
+
+def test_a_paged_cache_gives_the_contiguous_caches_logits_through_the_same_forward_pass(model):
+    config, block_size = model.config, 4
+    prompt = jax.random.randint(jax.random.key(6), (1, 7), 0, 256)
+    positions = jnp.arange(7)[None]  # (1, 7)
+    table = jnp.array([[5, 2, 7, 0]])  # the sequence's blocks, scattered over a pool of 8
+    slots = table[0, positions // block_size] * block_size + positions % block_size  # (1, 7)
+    pool = jnp.zeros((config.n_layers, 8, block_size, config.n_kv_heads, config.head_dim))
+    paged = PagedKVCache.for_step(pool, pool, positions, slots, table, jnp.array([6]))
+    logits, paged = forward(model, prompt, positions, paged)
+    contiguous, cache = forward(model, prompt, positions, KVCache.zeros(config, 1, 16))
+    np.testing.assert_allclose(logits, contiguous, atol=1e-5)
+    # A decode step at position 7 (slot 3 of block 2) reads the six keys the prefill wrote.
+    step = PagedKVCache.for_step(paged.k, paged.v, jnp.array([[7]]), jnp.array([[2 * block_size + 3]]),
+                                 table, jnp.array([0]))
+    decoded, _ = forward(model, prompt[:, :1], jnp.array([[7]]), step)
+    expected, _ = forward(model, prompt[:, :1], jnp.array([[7]]), cache)
+    np.testing.assert_allclose(decoded, expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"one prompt \(B = 1\) or a decode batch \(T = 1\)"):
+        PagedKVCache.for_step(pool, pool, jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32),
+                              jnp.zeros((2, 4), jnp.int32), jnp.array([2, 2]))
 
 
 # -- FLOPs ------------------------------------------------------------------------------------

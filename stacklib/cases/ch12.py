@@ -15,7 +15,7 @@ import numpy as np
 
 import stacklib.kernels as kernels
 from stacklib.grading import Exercise, call_on_copies, expect, expect_close, expect_equal
-from stacklib.llm import flops, model
+from stacklib.llm import flops, kv_cache, model
 from stacklib.llm.config import Config
 
 
@@ -82,7 +82,7 @@ gqa_attention = Exercise("12.gqa_attention", "Causal attention with grouped key/
 
 
 def _reference_attention(q, k, v, q_positions, k_positions):
-    mask = model.causal_mask(jnp.asarray(q_positions), jnp.asarray(k_positions))[:, None]  # (B, 1, T, S)
+    mask = kv_cache.causal_mask(jnp.asarray(q_positions), jnp.asarray(k_positions))[:, None]  # (B, 1, T, S)
     return np.asarray(kernels.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask,
                                                     implementation="xla"))
 

@@ -1,18 +1,17 @@
 """The compiled steps: prefill and decode over a paged KV cache, in fixed shape buckets.
 
-The cache is two arrays `(n_layers, num_blocks * block_size, n_kv_heads, head_dim)`,
-the token slots of every block laid end to end. A step receives, per sequence:
+The cache is a pool of blocks, two arrays `(n_layers, num_blocks, block_size, n_kv_heads,
+head_dim)`. A step receives, per sequence:
 
     tokens, positions      (B, T)  what to run, where it sits in its sequence
-    slot_mapping           (B, T)  the cache slot each new key/value is written to
+    slot_mapping           (B, T)  the pool slot each new key/value is written to
     block_tables           (B, M)  each sequence's blocks (M = max blocks per sequence)
 
-Attention reads the cache through the block tables with
-`stacklib.kernels.ragged_paged_attention` (its registry picks the implementation: 'xla'
-gathers the blocks, the Pallas kernel on TPU looks them up block by block). The step's
-rows become a ragged batch: row b is a sequence with q_len = last_index[b] + 1 new tokens
-and kv_len = its last position + 1 cached ones; the flat cache is viewed as
-(num_blocks, block_size, K, D), a free reshape.
+and runs chapter 12's model itself, the one forward pass, with a `llm.PagedKVCache` built
+from those arrays: the model's layers write their keys and values to the pool and attend
+through `stacklib.kernels.ragged_paged_attention`, whose registry picks the implementation
+('xla' gathers the blocks; the Pallas kernel on a TPU looks them up block by block). This
+file prepares inputs; it never re-implements a layer.
 
 Shapes are bucketed so XLA compiles a handful of programs once: prefill pads T up to a
 power of two (B = 1: one prompt per call), decode pads B up to a power of two (T = 1),
@@ -21,7 +20,8 @@ null block 0 and are never read unmasked. `warmup()` compiles every bucket.
 
 Mirrors vLLM's `GPUModelRunner` / TPU model runner (paddings as in `tpu_model_runner.py`).
 Differences: prefill and decode are separate calls (vLLM v1 mixes them in one batch and
-chunks long prompts); no CUDA graphs.
+chunks long prompts); no CUDA graphs; the logits of every position are computed and those
+at `last_index` kept (vLLM computes only those rows).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import stacklib.nn as nnx
-from stacklib.kernels import ragged_paged_attention
-from stacklib.llm.model import Transformer, apply_rope, rope_angles
+from stacklib.llm import PagedKVCache, Transformer
 
 
 def _buckets(smallest: int, largest: int) -> list[int]:
@@ -53,41 +52,14 @@ def bucket(size: int, sizes: list[int]) -> int:
     raise ValueError(f"{size} is larger than the largest bucket {sizes[-1]}.")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2, 3))
-def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_mapping, block_size,
-                  block_tables, last_index):
-    """One step: logits at `last_index` of every row (B, vocab), and the updated caches."""
-    model = nnx.merge(graphdef, params)
-    config = model.config
-    B, T = tokens.shape
-    H, K, D = config.n_heads, config.n_kv_heads, config.head_dim
-    # The rows as a ragged batch: row b's real tokens are its first last_index[b] + 1 (the rest
-    # is padding). Flattened they are contiguous only when B == 1 (prefill) or T == 1 (decode).
-    assert B == 1 or T == 1, f"a step is one prefill (B = 1) or a decode batch (T = 1), got {(B, T)}"
-    q_lens = last_index + 1  # (B,)
-    query_start_loc = jnp.concatenate([jnp.zeros(1, q_lens.dtype), jnp.cumsum(q_lens)])  # (B + 1,)
-    kv_lens = positions[jnp.arange(B), last_index] + 1  # (B,): the cache holds this step's keys too
-    cos, sin = rope_angles(positions, D, config.rope_theta)  # (B, T, D/2)
-    x = model.embed_tokens(tokens)  # (B, T, d_model)
-    for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).reshape(B, T, H, D)  # (B, T, H, D)
-        k = attn.k_proj(h).reshape(B, T, K, D)  # (B, T, K, D)
-        v = attn.v_proj(h).reshape(B, T, K, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache = k_cache.at[i, slot_mapping].set(k.astype(k_cache.dtype))  # write this step's keys
-        v_cache = v_cache.at[i, slot_mapping].set(v.astype(v_cache.dtype))
-        out = ragged_paged_attention(  # (B*T, H, D); padding tokens give 0
-            q.reshape(B * T, H, D), k_cache[i].reshape(-1, block_size, K, D),
-            v_cache[i].reshape(-1, block_size, K, D), kv_lens, block_tables, query_start_loc, max_query_len=T)
-        out = out.reshape(B, T, H * D)  # (B, T, H*D)
-        x = x + attn.o_proj(out)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    x = x[jnp.arange(B), last_index][:, None]  # (B, 1, d_model): only the rows whose logits we use
-    x = model.norm(x)
-    logits = model.embed_tokens.attend(x) if config.tie_embeddings else model.lm_head(x)
-    return logits[:, 0].astype(jnp.float32), k_cache, v_cache
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_mapping, block_tables,
+                  last_index):
+    """One step of chapter 12's model: logits at `last_index` of each row (B, vocab), and the new pool."""
+    B = tokens.shape[0]
+    cache = PagedKVCache.for_step(k_cache, v_cache, positions, slot_mapping, block_tables, last_index)
+    logits, cache = nnx.merge(graphdef, params)(tokens, positions, cache=cache)  # (B, T, vocab)
+    return logits[jnp.arange(B), last_index], cache.k, cache.v
 
 
 class ModelRunner:
@@ -106,7 +78,7 @@ class ModelRunner:
         self.graphdef, self.params = nnx.split(model, nnx.Param)
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.k_cache, self.v_cache = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
         self.prefill_buckets = _buckets(min(16, max_model_len), max_model_len)
         self.decode_buckets = _buckets(1, max_num_seqs)
@@ -119,7 +91,7 @@ class ModelRunner:
     def _run(self, tokens, positions, slot_mapping, block_tables, last_index) -> np.ndarray:
         logits, self.k_cache, self.v_cache = paged_forward(
             self.graphdef, self.params, self.k_cache, self.v_cache, jnp.asarray(tokens),
-            jnp.asarray(positions), jnp.asarray(slot_mapping), self.block_size, jnp.asarray(block_tables),
+            jnp.asarray(positions), jnp.asarray(slot_mapping), jnp.asarray(block_tables),
             jnp.asarray(last_index))
         return np.asarray(logits)
 

@@ -11,7 +11,8 @@
 
 The pieces, one file each:
   config.py     Config (one dataclass), configs/base.yml, key=value overrides, checks
-  model.py      Transformer: embedding, RoPE, RMSNorm, GQA causal attention, SwiGLU; KVCache
+  model.py      Transformer: embedding, RoPE, RMSNorm, GQA causal attention, SwiGLU
+  kv_cache.py   the caches one forward pass reads and extends: KVCache (contiguous), PagedKVCache
   tokenizer.py  ByteTokenizer: one token per UTF-8 byte
   data.py       the Python standard library's source: split by file, packed, shuffled
   train.py      the sharded, checkpointed training loop; MFU and goodput per step
@@ -23,12 +24,13 @@ The pieces, one file each:
   twin.py       the same model and step in flax.nnx + optax, for parity tests and benchmarks
 
 Layer 3: it imports nn, optim, data, checkpoint, compile, profile (layer 1) and
-parallel (layer 2). Each file's docstring says how it differs from MaxText.
+parallel, kernels (layer 2). Each file's docstring says how it differs from MaxText.
 """
 
 from stacklib.llm.config import Config, ConfigError, load_config
 from stacklib.llm.flops import StepFlops, matmul_params, training_flops
-from stacklib.llm.model import KVCache, Transformer, count_params
+from stacklib.llm.kv_cache import KVCache, PagedKVCache
+from stacklib.llm.model import Transformer, count_params
 from stacklib.llm.sample import generate
 from stacklib.llm.tokenizer import ByteTokenizer
 
@@ -45,6 +47,6 @@ def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
 
 
 __all__ = [
-    "ByteTokenizer", "Config", "ConfigError", "KVCache", "StepFlops", "Transformer", "count_params",
-    "generate", "load_config", "matmul_params", "pretrained", "training_flops",
+    "ByteTokenizer", "Config", "ConfigError", "KVCache", "PagedKVCache", "StepFlops", "Transformer",
+    "count_params", "generate", "load_config", "matmul_params", "pretrained", "training_flops",
 ]

@@ -23,9 +23,10 @@ so converting a real Llama checkpoint is a rename and a transpose. Each weight a
 carries logical axis names (`nnx.with_partitioning`), which `stacklib.parallel` maps to
 mesh axes with `SHARDING_RULES` (train.py).
 
-The forward pass takes explicit `positions` and an optional `KVCache`, so the same
-code trains on packed sequences, pre-fills a prompt, and decodes one token at a time
-(chapter 14's engine builds on it):
+The forward pass takes explicit `positions` and an optional cache (kv_cache.py: the
+contiguous `KVCache`, or the `PagedKVCache` of chapter 14's engine), so the same code
+trains on packed sequences, pre-fills a prompt, and decodes one token at a time, and the
+engine runs this forward pass, not a copy of it:
 
     logits = model(tokens)                                    # training: (B, T, vocab)
     logits, cache = model(prompt, positions, cache=cache)     # prefill
@@ -43,7 +44,7 @@ boundaries inside a packed sequence, as in nanoGPT), no dropout, no MoE.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,37 +52,13 @@ import jax.numpy as jnp
 import stacklib.kernels as kernels
 import stacklib.nn as nnx
 from stacklib.llm.config import Config
+from stacklib.llm.kv_cache import KVCache, PagedKVCache
 
 init = nnx.initializers
 
 
 def _partitioned(initializer: Any, *names: str) -> Any:
     return nnx.with_partitioning(initializer, names)
-
-
-class KVCache(NamedTuple):
-    """Keys and values of every layer for the positions seen so far.
-
-    `k[i, b, j]` holds layer i's key for sequence b at position j (slot j is position j),
-    so a forward with positions p writes slots p and attends to slots <= p.
-    Shapes: `(n_layers, batch, max_len, n_kv_heads, head_dim)` for both.
-    """
-
-    k: jax.Array
-    v: jax.Array
-
-    @classmethod
-    def zeros(cls, config: Config, batch: int, max_len: int | None = None,
-              dtype: Any = jnp.float32) -> KVCache:
-        """An empty cache for `batch` sequences of up to `max_len` (default max_seq_len) tokens."""
-        max_len = max_len or config.max_seq_len
-        if max_len > config.max_seq_len:
-            raise ValueError(
-                f"A cache of max_len={max_len} exceeds the model's max_seq_len={config.max_seq_len}; "
-                f"use max_len<={config.max_seq_len}."
-            )
-        shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -106,14 +83,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     x1, x2 = x[..., :half], x[..., half:]  # (B, T, heads, D/2) each
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B, T, 1, D/2): the same angle for every head
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def causal_mask(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-    """True where a query may attend to a key: the key's position is not after the query's.
-
-    Args: q_positions (B, T), k_positions (B, S). Returns (B, T, S) booleans.
-    """
-    return k_positions[:, None, :] <= q_positions[:, :, None]
 
 
 # The attention implementations tried, in order, when the config says attention="auto": chapter 09's
@@ -148,29 +117,23 @@ class Attention(nnx.Module):
         self.tile = kernels.AttentionConfig(config.attention_block, config.attention_block) \
             if config.attention_block else None  # None: the autotuning cache, else the heuristic
 
-    def __call__(self, x, cos, sin, positions, kv_cache=None):
-        """x (B, T, d_model) -> (B, T, d_model), and the layer's updated (k, v) cache if given."""
+    def __call__(self, x, cos, sin, positions, cache=None, layer=0):
+        """x (B, T, d_model) -> (B, T, d_model), and `cache` with this layer's keys and values written."""
         B, T, _ = x.shape
         q = self.q_proj(x).reshape(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.k_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
         v = self.v_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv_cache is not None:
-            # Write this call's keys/values at their positions, then attend over the whole
-            # cache; slots after a query's position are masked (empty or not).
-            k_cache, v_cache = kv_cache  # (B, S, K, D) each
-            rows = jnp.arange(B)[:, None]  # (B, 1), broadcast against positions (B, T)
-            k_cache = k_cache.at[rows, positions].set(k.astype(k_cache.dtype))
-            v_cache = v_cache.at[rows, positions].set(v.astype(v_cache.dtype))
-            slots = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (B, k_cache.shape[1]))  # (B, S)
-            mask = causal_mask(positions, slots)[:, None]  # (B, 1, T, S): the same for every head
-            # Flash attention takes no mask: 'xla' is the fallback that always can.
-            out = self._attend(q, k_cache, v_cache, mask=mask, implementation=(*self.implementations, "xla"))
-            kv_cache = (k_cache, v_cache)
-        else:  # training and scoring: row t attends to tokens 0..t of its row
+        if cache is None:  # training and scoring: row t attends to tokens 0..t of its row
             out = self._attend(q, k, v, is_causal=True, implementation=self.implementations)
+        else:  # the cache writes k, v where they belong and attends over what it holds (kv_cache.py)
+            out, cache = cache.attend(layer, q, k, v, positions, self._attend_masked)
         out = out.reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*D): concatenate the heads
-        return self.o_proj(out), kv_cache
+        return self.o_proj(out), cache
+
+    def _attend_masked(self, q, k, v, mask):
+        # Flash attention takes no mask: 'xla' is the fallback that always can.
+        return self._attend(q, k, v, mask=mask, implementation=(*self.implementations, "xla"))
 
     def _attend(self, q, k, v, **options):
         # Chapter 10's API: the first implementation that can serve the call runs, with its tile
@@ -210,11 +173,11 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = _norm(config, rngs)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, cos, sin, positions, kv_cache=None):
-        attn_out, kv_cache = self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
+    def __call__(self, x, cos, sin, positions, cache=None, layer=0):
+        attn_out, cache = self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, layer)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, kv_cache
+        return x, cache
 
 
 def _layer_forward(layer: DecoderLayer, x, cos, sin, positions):
@@ -242,13 +205,15 @@ class Transformer(nnx.Module):
                                       kernel_init=_partitioned(init.lecun_normal(), "embed", "vocab"))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
-                 cache: KVCache | None = None):
+                 cache: KVCache | PagedKVCache | None = None):
         """Logits for every position; with a cache, also the cache with these positions written.
 
         Args:
           tokens: (B, T) integer ids.
-          positions: (B, T) position of each token (default 0..T-1 in every row).
-          cache: a `KVCache` to read and extend (prefill with T > 1, decode with T == 1).
+          positions: (B, T) position of each token (default 0..T-1 in every row). Without a
+            cache, a token attends to the tokens before it in its row.
+          cache: a `KVCache` (contiguous, `llm.generate`) or a `PagedKVCache` (blocks and block
+            tables, chapter 14's engine) to read and extend: prefill with T > 1, decode with T == 1.
 
         Returns:
           logits (B, T, vocab) in float32, or `(logits, cache)` when a cache is given.
@@ -267,20 +232,15 @@ class Transformer(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))  # (B, T)
         cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (B, T, D/2)
         x = self.embed_tokens(tokens)  # (B, T, d_model)
-        new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             if cache is not None:
-                x, (k, v) = layer(x, cos, sin, positions, (cache.k[i], cache.v[i]))
-                new_k.append(k)
-                new_v.append(v)
+                x, cache = layer(x, cos, sin, positions, cache, i)
             elif self.config.remat:
                 x = _layer_forward_remat(layer, x, cos, sin, positions)
             else:
                 x = _layer_forward(layer, x, cos, sin, positions)
         logits = self.head(x)
-        if cache is None:
-            return logits
-        return logits, KVCache(jnp.stack(new_k), jnp.stack(new_v))  # (L, B, S, K, D) each
+        return logits if cache is None else (logits, cache)
 
     def head(self, x: jax.Array) -> jax.Array:
         """The final RMSNorm and the output projection: hidden states (B, T, d_model) -> float32 logits.

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import stacklib.nn as nnx
-from stacklib.llm.model import KVCache, Transformer
+from stacklib.llm.kv_cache import KVCache
+from stacklib.llm.model import Transformer
 
 
 @functools.partial(jax.jit, static_argnums=0)
