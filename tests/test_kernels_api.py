@@ -87,6 +87,18 @@ def test_a_sequence_runs_the_first_implementation_that_can_serve_the_call(monkey
     assert ran == ["xla_chunked"]  # cudnn: not on cpu; pallas: no bias
 
 
+def test_a_symbolic_sequence_length_leaves_the_call_to_xla(monkeypatch):
+    # jax.export with a symbolic length: the blocked implementations cannot cut tiles at trace time.
+    ran = _spy(monkeypatch)
+    t = jax.export.symbolic_shape("t")[0]
+    q, k = jax.ShapeDtypeStruct((2, t, N, H), jnp.float32), jax.ShapeDtypeStruct((2, t, K, H), jnp.float32)
+    jax.export.export(jax.jit(lambda q, k: api.dot_product_attention(
+        q, k, k, is_causal=True, implementation=("pallas", "xla_chunked", "xla"))))(q, k)
+    assert ran == ["xla"]
+    with pytest.raises(NoImplementationError, match="'xla_chunked' needs static shapes"):
+        jax.export.export(jax.jit(lambda q, k: api.dot_product_attention(q, k, k, implementation="xla_chunked")))(q, k)
+
+
 def test_when_no_implementation_can_serve_the_call_the_error_gives_each_reason():
     q, k, v = _inputs()
     with pytest.raises(NoImplementationError) as error:

@@ -78,9 +78,20 @@ def _chunked_candidates(call: BoundCall) -> list[AttentionConfig]:
             for bk in _block_choices(S, (512, 1024, 2048))]
 
 
+def _static_shapes(call: BoundCall) -> str | None:
+    # Blocked implementations cut the sequence into tiles at trace time; a symbolic length (jax.export
+    # with a symbolic batch or sequence dim) leaves that to 'xla'.
+    symbolic = [name for name, spec in call.arrays if spec is not None
+                and not all(isinstance(d, int) for d in spec.shape)]
+    if symbolic:
+        return f"needs static shapes to cut tiles, got symbolic dims in {', '.join(symbolic)}"
+    return None
+
+
 ATTENTION.register(Implementation(
     "xla_chunked", xla_chunked_attention, backends=ALL_BACKENDS, dtypes=("float32", "bfloat16", "float16"),
-    options=ATTENTION_OPTIONS, heuristic_config=_chunked_heuristic, candidate_configs=_chunked_candidates))
+    options=ATTENTION_OPTIONS, check=_static_shapes, heuristic_config=_chunked_heuristic,
+    candidate_configs=_chunked_candidates))
 
 
 def _single_batch_dim_same_head_dims(call: BoundCall) -> str | None:
@@ -133,7 +144,8 @@ if flash_attention is not None:
     # A row that sees no key at all (a zero key length) gives 0 here, the mean of the values in 'xla'.
     ATTENTION.register(Implementation(
         "pallas", _pallas_attention, backends=ALL_BACKENDS, dtypes=("float32", "bfloat16"),
-        options=frozenset({"is_causal", "key_value_seq_lengths"}), check=_single_batch_dim_same_head_dims,
+        options=frozenset({"is_causal", "key_value_seq_lengths"}),
+        check=lambda call: _static_shapes(call) or _single_batch_dim_same_head_dims(call),
         heuristic_config=_pallas_heuristic, candidate_configs=_pallas_candidates))
 
 # ---------------------------------------------------------------- the other ops

@@ -86,9 +86,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 # The attention implementations tried, in order, when the config says attention="auto": chapter 09's
-# flash attention on a TPU, cuDNN's on a GPU (bfloat16 only; else the next), and chapter 10's
-# chunked attention, which runs everywhere. A name in the config replaces the list.
-AUTO_ATTENTION = {"tpu": ("pallas", "xla_chunked"), "gpu": ("cudnn", "xla_chunked"), "cpu": ("xla_chunked",)}
+# flash attention on a TPU, cuDNN's on a GPU (bfloat16 only; else the next), chapter 10's chunked
+# attention, and 'xla', which can serve any call (a symbolic sequence length, under jax.export, rules
+# out the blocked ones). A name in the config replaces the list.
+AUTO_ATTENTION = {"tpu": ("pallas", "xla_chunked", "xla"), "gpu": ("cudnn", "xla_chunked", "xla"),
+                  "cpu": ("xla_chunked", "xla")}
 
 
 def attention_implementations(config: Config) -> tuple[str, ...]:
@@ -133,7 +135,8 @@ class Attention(nnx.Module):
 
     def _attend_masked(self, q, k, v, mask):
         # Flash attention takes no mask: 'xla' is the fallback that always can.
-        return self._attend(q, k, v, mask=mask, implementation=(*self.implementations, "xla"))
+        fallback = tuple(dict.fromkeys((*self.implementations, "xla")))
+        return self._attend(q, k, v, mask=mask, implementation=fallback)
 
     def _attend(self, q, k, v, **options):
         # Chapter 10's API: the first implementation that can serve the call runs, with its tile

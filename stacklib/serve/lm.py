@@ -58,11 +58,17 @@ def next_token_function(model: Transformer):
       `fn(params, tokens int32 (B, T)) -> float32 (B, vocab)`, pure, and `params` as
       nested dicts with str keys (what `stacklib.serve.export` takes).
     """
+    import jax
     import jax.numpy as jnp
 
     import stacklib.nn as nnx
 
-    graphdef, state = nnx.split(model, nnx.Param)
+    # The artifact serves every length up to max_seq_len, and of the kernel library's attention
+    # implementations only 'xla' takes a symbolic length (the blocked ones cut tiles when traced):
+    # pin it, so that the jitted function and the exported one are the same program.
+    exportable = model.config.replace(attention="xla")
+    graphdef = nnx.graphdef(jax.eval_shape(lambda: type(model)(exportable, rngs=nnx.Rngs(0))))
+    state = nnx.state(model, nnx.Param)
 
     def next_token_logits(params, tokens):
         lengths = jnp.sum(tokens >= 0, axis=1)  # (B,): real tokens come first, PAD after
