@@ -92,11 +92,16 @@ def test_a_symbolic_sequence_length_leaves_the_call_to_xla(monkeypatch):
     ran = _spy(monkeypatch)
     t = jax.export.symbolic_shape("t")[0]
     q, k = jax.ShapeDtypeStruct((2, t, N, H), jnp.float32), jax.ShapeDtypeStruct((2, t, K, H), jnp.float32)
-    jax.export.export(jax.jit(lambda q, k: api.dot_product_attention(
-        q, k, k, is_causal=True, implementation=("pallas", "xla_chunked", "xla"))))(q, k)
+
+    def export(implementation):
+        attend = jax.jit(lambda q, k: api.dot_product_attention(q, k, k, is_causal=True,
+                                                                implementation=implementation))
+        return jax.export.export(attend)(q, k)
+
+    export(("pallas", "xla_chunked", "xla"))
     assert ran == ["xla"]
     with pytest.raises(NoImplementationError, match="'xla_chunked' needs static shapes"):
-        jax.export.export(jax.jit(lambda q, k: api.dot_product_attention(q, k, k, implementation="xla_chunked")))(q, k)
+        export("xla_chunked")
 
 
 def test_when_no_implementation_can_serve_the_call_the_error_gives_each_reason():
