@@ -22,11 +22,13 @@ runs with both. The pieces, one file each:
   manager.py     CheckpointManager: asynchronous saves in a background thread
   multitier.py   two tiers (Orbax's emergency checkpointing): frequent local saves, rare
                  persistent ones, restore from the newest intact copy, a save on SIGTERM
+  sharded.py     one step written by several processes: each its own shards, one commits
 
-Differences from orbax (each file lists its own): single process; our own on-disk
+Differences from orbax (each file lists its own): one process per manager (several
+processes save together only through `sharded.save_sharded_step`); our own on-disk
 format (raw files plus a JSON manifest) instead of TensorStore/OCDBT; checksums on
 every file; only the standard and JSON item types; committed steps only in
-`all_steps()`; no custom policies or multi-host coordination; preemption is handled only
+`all_steps()`; no custom policies; preemption is handled only
 by `multitier`, with a SIGTERM handler of its own.
 """
 

@@ -28,11 +28,12 @@ What happens in `save(step, args=...)`:
 A step is visible to `all_steps()` only once it is complete, so a reader, or a job
 restarting after a crash, sees either the whole step or none of it.
 
-Differences from orbax: single process (no multi-host barriers or primary host);
-`all_steps()` and `latest_step()` list only committed steps (orbax also counts the one
-being written); `restore()` without args works for every item, because the step's
-metadata records each item's format; no `item_handlers`, step-name formats, custom
-save-decision or preservation policy objects, `todelete_subdir` or background deletion.
+Differences from orbax: single process (no multi-host barriers or primary host; sharded.py
+saves one step from several processes); `all_steps()` and `latest_step()` list only
+committed steps (orbax also counts the one being written); `restore()` without args works
+for every item, because the step's metadata records each item's format; no
+`item_handlers`, step-name formats, custom save-decision or preservation policy objects,
+`todelete_subdir` or background deletion.
 """
 
 from __future__ import annotations
@@ -51,6 +52,25 @@ from stacklib.checkpoint import atomic, retention, tree_files
 
 METADATA = "_CHECKPOINT_METADATA"
 STEP_FORMAT = "stacklib.checkpoint.step/1"
+
+
+def _metadata_text(step: int, item_formats: dict[str, str], metrics: Any,
+                   custom_metadata: dict | None) -> str:
+    """A step's METADATA file: its items and their formats ("standard" or "json"), metrics, the time.
+
+    Raises:
+      TypeError: `metrics` or `custom_metadata` is not JSON-serialisable.
+    """
+    return json.dumps({"format": STEP_FORMAT, "step": step, "items": item_formats, "metrics": metrics,
+                       "custom_metadata": custom_metadata or {}, "timestamp": time.time()})
+
+
+def _json_text(name: str, value: Any) -> str:
+    """A JsonSave item's text; TypeError naming the item if `value` is not JSON-serialisable."""
+    try:
+        return json.dumps(value)
+    except TypeError as error:
+        raise TypeError(f"item {name!r}: JsonSave needs a JSON-serialisable value ({error}).") from None
 
 
 class StepAlreadyExistsError(ValueError):
@@ -221,11 +241,7 @@ class CheckpointManager:
         if isinstance(item, args_lib.StandardSave):
             return "standard", tree_files.snapshot(item.item)
         if isinstance(item, args_lib.JsonSave):
-            try:
-                return "json", json.dumps(item.item)
-            except TypeError as error:
-                raise TypeError(f"item {name!r}: JsonSave needs a JSON-serialisable value ({error}).") \
-                    from None
+            return "json", _json_text(name, item.item)
         raise TypeError(f"item {name!r}: cannot save with {type(item).__name__}; "
                         "use StandardSave or JsonSave.")
 
@@ -254,9 +270,8 @@ class CheckpointManager:
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"checkpoint for step {step} already exists in {self._directory}.")
         prepared = {name: self._prepare(name, item) for name, item in items.items()}
-        metadata = {"format": STEP_FORMAT, "step": step, "items": {n: p[0] for n, p in prepared.items()},
-                    "metrics": metrics, "custom_metadata": custom_metadata or {}, "timestamp": time.time()}
-        metadata_text = json.dumps(metadata)  # fails here, on the caller, if metrics are not JSON
+        # fails here, on the caller, if metrics are not JSON
+        metadata_text = _metadata_text(step, {n: p[0] for n, p in prepared.items()}, metrics, custom_metadata)
         self._in_flight = step
         if not self._options.enable_async_checkpointing:
             try:

@@ -137,6 +137,17 @@ def _file_name(index: int, path: str) -> str:
     return f"{index:05d}.{'.'.join(words)[:80] or 'leaf'}.bin"
 
 
+def _manifest_entry(path: str, keys: list, kind: str, dtype: Any, shape: tuple, file: str,
+                    checksum: int) -> dict:
+    """One leaf's line in the manifest (also written by sharded.py, which has no HostLeaf)."""
+    return {"path": path, "keys": keys, "kind": kind, "dtype": np.dtype(dtype).name, "shape": list(shape),
+            "file": file, "crc32": checksum}
+
+
+def _write_manifest(directory: pathlib.Path, entries: list[dict]) -> None:
+    write_file(directory / MANIFEST, json.dumps({"format": FORMAT, "leaves": entries}, indent=1).encode())
+
+
 def write_tree(directory: pathlib.Path, leaves: list[HostLeaf]) -> None:
     """Write snapshotted leaves and their manifest into the new directory `directory`."""
     directory.mkdir()
@@ -144,10 +155,9 @@ def write_tree(directory: pathlib.Path, leaves: list[HostLeaf]) -> None:
     for index, leaf in enumerate(leaves):
         name = _file_name(index, leaf.path)
         checksum = write_file(directory / name, _raw_bytes(leaf.array))
-        entries.append({"path": leaf.path, "keys": leaf.keys, "kind": leaf.kind,
-                        "dtype": leaf.array.dtype.name, "shape": list(leaf.array.shape),
-                        "file": name, "crc32": checksum})
-    write_file(directory / MANIFEST, json.dumps({"format": FORMAT, "leaves": entries}, indent=1).encode())
+        entries.append(_manifest_entry(leaf.path, leaf.keys, leaf.kind, leaf.array.dtype, leaf.array.shape,
+                                       name, checksum))
+    _write_manifest(directory, entries)
 
 
 def read_manifest(directory: pathlib.Path) -> list[dict]:

@@ -28,12 +28,12 @@ After that the training loop is the one-process loop: `jax.devices()` lists ever
 process's devices, so the mesh is global; each process feeds only its rows of a batch
 (`process_batch`, from `data.train_dataset(shard_index=..., shard_count=...)`); the
 compiled step inserts the cross-process collectives. Checkpoints are written by every
-process into one step directory (`save_checkpoint`): each writes the blocks of every
-array that it holds (replica 0 of each shard), at their offsets in the one file per
-array; process 0 then adds checksums, the manifest and the JSON items, and commits with
-the same atomic rename as `stacklib.checkpoint`, so one process (or any other number)
-restores the step with the ordinary `CheckpointManager`. Metrics, the progress bar and
-the summary come from process 0 only.
+process into one step directory (`save_checkpoint`, through
+`stacklib.checkpoint.sharded.save_sharded_step`): each writes the blocks of every array
+that it holds (replica 0 of each shard), at their offsets in the one file per array;
+process 0 then adds checksums, the manifest and the JSON items, and commits, so one
+process (or any other number) restores the step with the ordinary `CheckpointManager`.
+Metrics, the progress bar and the summary come from process 0 only.
 
 Mirrors MaxText (`max_utils.maybe_initialize_jax_distributed_system`, grain's
 per-host `ShardOptions`, orbax's multi-host save where every host writes its shards
@@ -46,22 +46,18 @@ saved (it is the same in every process: it counts steps).
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
-import shutil
 import socket
 import sys
 import time
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
-from stacklib.checkpoint import atomic, tree_files
-from stacklib.checkpoint.manager import METADATA, STEP_FORMAT
+import stacklib.checkpoint as ocp
+from stacklib.checkpoint.sharded import save_sharded_step
 from stacklib.parallel import launch
 
 ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -223,26 +219,6 @@ def barrier(name: str) -> None:
 
 # -- checkpoints ----------------------------------------------------------------------------
 
-def _write_shards(path: pathlib.Path, leaf: jax.Array) -> None:
-    """Write the blocks of `leaf` this process owns (replica 0) into the leaf's one raw file."""
-    nbytes = leaf.size * leaf.dtype.itemsize
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.ftruncate(descriptor, nbytes)  # every process sizes the file; same size, no data lost
-    finally:
-        os.close(descriptor)
-    owned = [shard for shard in leaf.addressable_shards if shard.replica_id == 0]
-    if not owned or nbytes == 0:
-        return
-    shape = leaf.shape or (1,)
-    array = np.memmap(path, dtype=leaf.dtype, mode="r+", shape=shape)
-    for shard in owned:
-        index = shard.index if leaf.shape else (0,)
-        array[index] = np.asarray(shard.data).reshape(array[index].shape)
-    array.flush()
-    del array
-
-
 def save_checkpoint(directory: str | os.PathLike, step: int, state: Any, data_state: Any,
                     config: dict, *, max_to_keep: int) -> None:
     """Save step `step` from every process; process 0 commits it (call it in every process).
@@ -250,46 +226,11 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Any, data_st
     The result is an ordinary `stacklib.checkpoint` step with items `state` (the
     pytree `state`), `data` and `config` (JSON), readable by `CheckpointManager`
     with any number of processes. Older steps beyond `max_to_keep` are deleted.
+    See `stacklib.checkpoint.sharded` for how the processes share the work.
     """
-    root = pathlib.Path(directory)
-    final = root / str(step)
-    temporary = final.with_name(f"{step}{atomic.PARTIAL}multihost")  # one name every process knows
-    if is_primary():
-        if final.exists():
-            raise FileExistsError(f"{final} already exists; a checkpoint step is never overwritten.")
-        shutil.rmtree(temporary, ignore_errors=True)  # left by a job killed mid-save
-        (temporary / "state").mkdir(parents=True)
-    barrier(f"checkpoint-{step}-created")
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    names = []
-    for index, (key_path, leaf) in enumerate(leaves):
-        path = jax.tree_util.keystr(key_path)
-        names.append(tree_files._file_name(index, path))
-        _write_shards(temporary / "state" / names[-1], leaf)
-    barrier(f"checkpoint-{step}-written")
-    if is_primary():
-        entries = []
-        for (key_path, leaf), name in zip(leaves, names, strict=True):
-            file = temporary / "state" / name
-            with open(file, "rb+") as handle:
-                checksum = zlib.crc32(handle.read())
-                os.fsync(handle.fileno())
-            entries.append({"path": jax.tree_util.keystr(key_path),
-                            "keys": [tree_files._encode_key(k) for k in key_path], "kind": "jax",
-                            "dtype": np.dtype(leaf.dtype).name, "shape": list(leaf.shape),
-                            "file": name, "crc32": checksum})
-        manifest = {"format": tree_files.FORMAT, "leaves": entries}
-        text = json.dumps(manifest, indent=1).encode()
-        tree_files.write_file(temporary / "state" / tree_files.MANIFEST, text)
-        tree_files.write_json(temporary / "data", json.dumps(data_state))
-        tree_files.write_json(temporary / "config", json.dumps(config))
-        metadata = {"format": STEP_FORMAT, "step": step,
-                    "items": {"state": "standard", "data": "json", "config": "json"},
-                    "metrics": None, "custom_metadata": {"process_count": jax.process_count()},
-                    "timestamp": time.time()}
-        tree_files.write_file(temporary / METADATA, json.dumps(metadata).encode())
-        atomic.commit(temporary, final)
-        steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / METADATA).is_file())
-        for old in steps[:-max_to_keep]:
-            atomic.remove(root / str(old))
-    barrier(f"checkpoint-{step}-committed")  # nobody runs ahead (or exits) before the commit
+    save_sharded_step(
+        directory, step, ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            data=ocp.args.JsonSave(data_state),
+                                            config=ocp.args.JsonSave(config)),
+        barrier=barrier, is_primary=is_primary(), max_to_keep=max_to_keep,
+        custom_metadata={"process_count": jax.process_count()})
