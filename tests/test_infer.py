@@ -7,13 +7,18 @@ token: batch 1 and batch N, prefix caching on and off, with preemption.
 
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import stacklib.nn as nnx
+import stacklib.quant as qwix
 from stacklib import llm
 from stacklib.compile.recompile import CompileWatcher
-from stacklib.infer import LLM, LLMEngine, SamplingParams
+from stacklib.infer import LLM, EngineConfig, LLMEngine, SamplingParams
 from stacklib.infer.block_pool import NULL_BLOCK, BlockPool, KVCacheManager, hash_block_tokens
+from stacklib.infer.quantization import quantize_weights, weight_bytes
 from stacklib.infer.sampling_params import filter_probs
 
 SHARED = "import os\nimport sys\n\n\ndef main("  # 32 bytes: 8 full blocks of 4, shared by prompts 0, 2, 5
@@ -53,6 +58,35 @@ def test_greedy_batch_n_equals_plain_generation_token_for_token(engine, referenc
     assert [o.outputs[0].finish_reason for o in outputs] == ["length"] * len(PROMPTS)
 
 
+@pytest.mark.parametrize("quantization, bits", [("int8", 8), ("int4", 4)])
+def test_a_quantized_engine_runs_chapter_11s_weights_and_matches_plain_generation_of_them(
+        model, quantization, bits):
+    quantized = LLM(model, max_num_seqs=1, max_model_len=48, block_size=4, quantization=quantization)
+    params = quantized.llm_engine.runner.params
+    kernels = [leaf for leaf in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, qwix.QArray))
+               if isinstance(leaf, qwix.QArray)]
+    layers = model.config.n_layers
+    assert len(kernels) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer; and lm_head
+    assert {k.qvalue.dtype for k in kernels} == {jnp.dtype(quantization)}
+    # Weight-only, per output channel: 32 bits -> `bits`, plus one float32 scale per column, which
+    # costs at most 1/16 of the float column here (every kernel has >= 64 inputs).
+    assert all(k.scale.size == k.qvalue.shape[-1] for k in kernels)
+    floats = sum(k.qvalue.size * 4 for k in kernels)
+    assert sum(k.nbytes for k in kernels) <= floats * (bits / 32 + 1 / 16)
+    assert weight_bytes(params) < weight_bytes(nnx.state(model, nnx.Param))
+    # The engine runs the quantized model's own forward pass: greedy tokens equal llm.generate's on it.
+    reference_model = quantize_weights(model, quantization)
+    tokenizer = llm.ByteTokenizer()
+    ids = tokenizer.encode(PROMPTS[3])
+    expected = llm.generate(reference_model, ids, 12)[len(ids):].tolist()
+    assert quantized.generate(PROMPTS[3], _greedy(12))[0].outputs[0].token_ids == expected
+
+
+def test_an_unknown_quantization_is_refused_naming_the_choices(model):
+    with pytest.raises(ValueError, match="quantization='int3' is not one of int8, int4"):
+        LLM(model, quantization="int3")
+
+
 def test_greedy_batch_1_equals_plain_generation(engine, reference):
     for prompt, n, expected in zip(PROMPTS, MAX_TOKENS, reference, strict=True):
         assert engine.generate(prompt, _greedy(n))[0].outputs[0].token_ids == expected
@@ -79,7 +113,7 @@ def test_preemption_by_recomputation_finishes_every_request(model, reference):
     assert small.llm_engine.scheduler.num_preemptions > 0
     assert [len(o.outputs[0].token_ids) for o in outputs] == MAX_TOKENS
     assert [o.outputs[0].token_ids for o in outputs] == reference
-    assert small.llm_engine.kv_cache.pool.num_free_blocks == 39  # every block came back
+    assert small.llm_engine.scheduler.kv_cache.pool.num_free_blocks == 39  # every block came back
 
 
 def test_a_model_folder_in_the_zoo_format_loads_the_same_weights(engine):
@@ -171,7 +205,9 @@ def test_prompts_beyond_the_context_are_rejected_with_the_limit(engine):
 ])
 def test_engine_settings_that_cannot_work_are_refused_by_name(model, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        LLMEngine(model, **kwargs)
+        LLMEngine(model, config=EngineConfig(**kwargs))
+    with pytest.raises(TypeError, match="Unknown engine setting.s. max_num_seq; the settings are max_"):
+        LLM(model, max_num_seq=8)  # a typo names the known settings, before any model is loaded
 
 
 def test_top_k_top_p_and_min_p_keep_the_right_tokens():

@@ -7,19 +7,23 @@
     python -m stacklib.infer.serve --model stdlib-bytes --port 8000   # OpenAI-compatible server
 
 The pieces, one file each:
+  config.py           EngineConfig: every engine setting, for LLMEngine, LLM and the command line
   sampling_params.py  SamplingParams (vLLM's names and defaults) and the sampling rule
   outputs.py          RequestOutput, CompletionOutput, Logprob
   block_pool.py       the paged KV cache's blocks: free queue, block tables, prefix hashes
-  scheduler.py        continuous batching: admission, budgets, preemption by recomputation
-  model_runner.py     compiled prefill/decode over the paged cache (gather through block tables)
+  scheduler.py        continuous batching: admission, budgets, preemption, stop rules; owns the cache
+  model_runner.py     compiled prefill/decode: chapter 12's model over a PagedKVCache
+  quantization.py     weight-only int8/int4 serving with stacklib.quant's rules
   engine.py           LLMEngine (add_request / step / abort_request) and LLM.generate
   serve.py            /v1/completions, /v1/chat/completions, /v1/models, /health on stacklib.http
 
-Layer 4: it imports llm (layer 3), nn and http (layer 1).
+Layer 4: it imports llm (layer 3), quant (layer 2), nn and http (layer 1).
 """
 
+from stacklib.infer.config import EngineConfig
 from stacklib.infer.engine import LLM, LLMEngine
 from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
 from stacklib.infer.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "Logprob", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LLMEngine",
+           "Logprob", "RequestOutput", "SamplingParams"]

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import Any
 
 import numpy as np
 
-from stacklib.infer.block_pool import KVCacheManager
+from stacklib.infer.config import EngineConfig
 from stacklib.infer.model_runner import ModelRunner
 from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
+from stacklib.infer.quantization import quantize_weights
 from stacklib.infer.sampling_params import SamplingParams, log_softmax, sample_token
 from stacklib.infer.scheduler import Scheduler, Sequence, SequenceStatus
 from stacklib.llm.model import Transformer
@@ -57,41 +59,28 @@ class _Request:
 
 
 class LLMEngine:
-    """Continuous-batching generation over a paged KV cache (see the module docstring)."""
+    """Continuous-batching generation over a paged KV cache (see the module docstring).
 
-    def __init__(self, model: Transformer, tokenizer: ByteTokenizer | None = None, *,
-                 max_model_len: int | None = None, max_num_seqs: int = 16,
-                 max_num_batched_tokens: int | None = None, block_size: int = 16,
-                 num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0):
-        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
-                            ("num_gpu_blocks_override", num_gpu_blocks_override)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
-        limit = model.config.max_seq_len
-        self.max_model_len = max_model_len or limit
-        if self.max_model_len > limit:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_seq_len={limit}; "
-                             f"use max_model_len<={limit}.")
-        self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 512)
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
-                             f"max_model_len={self.max_model_len}; without chunked prefill a whole prompt "
-                             "runs in one step, so raise it.")
-        blocks_per_seq = -(-self.max_model_len // block_size)
-        num_blocks = num_gpu_blocks_override or max_num_seqs * blocks_per_seq + 1
-        if num_blocks - 1 < blocks_per_seq:
-            raise ValueError(f"num_gpu_blocks_override={num_blocks} cannot hold one sequence of "
-                             f"max_model_len={self.max_model_len} ({blocks_per_seq} blocks of {block_size} "
-                             f"plus the null block); use at least {blocks_per_seq + 1}.")
+    Args:
+      model: a chapter-12 `Transformer`.
+      tokenizer: default `ByteTokenizer()`.
+      config: the engine's settings (default `EngineConfig()`).
+
+    Raises:
+      ValueError: settings that cannot work with this model (`EngineConfig.resolve`).
+    """
+
+    def __init__(self, model: Transformer, tokenizer: ByteTokenizer | None = None,
+                 config: EngineConfig | None = None):
+        self.config = (config or EngineConfig()).resolve(model.config.max_seq_len)
+        self.max_model_len = self.config.max_model_len
+        if self.config.quantization:
+            model = quantize_weights(model, self.config.quantization)
         self.tokenizer = tokenizer or ByteTokenizer()
-        self.block_size, self.seed = block_size, seed
-        self.kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_cache, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=self.max_num_batched_tokens)
-        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size,
-                                  max_model_len=self.max_model_len, max_num_seqs=max_num_seqs)
+        self.scheduler = Scheduler(self.config, self.tokenizer.eos_id)
+        self.runner = ModelRunner(model, num_blocks=self.config.num_gpu_blocks_override,
+                                  block_size=self.config.block_size, max_model_len=self.max_model_len,
+                                  max_num_seqs=self.config.max_num_seqs)
         self.requests: dict[str, _Request] = {}
         self._unseeded = itertools.count()
         self.num_steps = 0
@@ -121,7 +110,8 @@ class LLMEngine:
         self._validate(ids, params)
         seqs = []
         for index in range(params.n):
-            seed = (params.seed, index) if params.seed is not None else (self.seed, next(self._unseeded), 1)
+            unseeded = (self.config.seed, next(self._unseeded), 1)
+            seed = (params.seed, index) if params.seed is not None else unseeded
             seq = Sequence(f"{request_id}/{index}", request_id, index, ids, params,
                            np.random.default_rng(list(seed)))
             seqs.append(seq)
@@ -139,11 +129,11 @@ class LLMEngine:
         return bool(self.requests)
 
     def _append(self, seq: Sequence, logits: np.ndarray) -> None:
-        """Sample seq's next token from `logits`, record it, and finish seq if it should stop."""
+        """Sample seq's next token from `logits`, report it, and stop seq at a stop string."""
         params, request = seq.params, self.requests[seq.request_id]
         completion = request.completions[seq.index]
         token = sample_token(logits, params, seq.rng, len(seq.output_token_ids), self.tokenizer.eos_id)
-        seq.output_token_ids.append(token)
+        stop = self.scheduler.update_from_output(seq, token)  # the token rules: eos, stop ids, lengths
         completion.token_ids = list(seq.output_token_ids)
         if params.logprobs is not None:
             logp = log_softmax(logits)
@@ -155,42 +145,33 @@ class LLMEngine:
             completion.logprobs.append(top)
             completion.cumulative_logprob += float(logp[token])
         completion.text = self.tokenizer.decode(seq.output_token_ids)
-        n = len(seq.output_token_ids)
-        reason, stop_reason = None, None
-        if n >= params.min_tokens:
-            if token == self.tokenizer.eos_id and not params.ignore_eos:
-                reason = "stop"
-            elif token in params.stop_token_ids:
-                reason, stop_reason = "stop", token
-            else:
-                for stop in params.stop:
-                    at = completion.text.find(stop)
-                    if at >= 0:
-                        completion.text, reason, stop_reason = completion.text[:at], "stop", stop
-                        break
-        if reason is None and (n == params.max_tokens or seq.num_tokens >= self.max_model_len):
-            reason = "length"
-        if reason is not None:
-            completion.finish_reason, completion.stop_reason = reason, stop_reason
-            self.scheduler.finish(seq)
+        if stop is None and len(seq.output_token_ids) >= params.min_tokens:
+            # Stop strings need the text, so the engine (vLLM: its detokenizer) checks them.
+            for stop_string in params.stop:
+                at = completion.text.find(stop_string)
+                if at >= 0:
+                    completion.text, stop = completion.text[:at], ("stop", stop_string)
+                    self.scheduler.finish(seq)
+                    break
+        if stop is not None:
+            completion.finish_reason, completion.stop_reason = stop
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return the outputs of the requests that advanced."""
         work = self.scheduler.schedule()
         touched = set()
+        tables = self.scheduler.kv_cache.block_tables
         for seq, num_cached in work.prefills:
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
-            logits = self.runner.prefill(seq.tokens, num_cached, self.kv_cache.block_tables[seq.seq_id])
-            self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)
+            logits = self.runner.prefill(seq.tokens, num_cached, tables[seq.seq_id])
             self._append(seq, logits)
             touched.add(seq.request_id)
         if work.decodes:
             logits = self.runner.decode(
                 [s.tokens[-1] for s in work.decodes], [s.num_tokens - 1 for s in work.decodes],
-                [self.kv_cache.block_tables[s.seq_id] for s in work.decodes])
+                [tables[s.seq_id] for s in work.decodes])
             for seq, row in zip(work.decodes, logits, strict=True):
-                self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)
                 self._append(seq, row)
                 touched.add(seq.request_id)
         self.num_steps += 1
@@ -210,7 +191,8 @@ class LLMEngine:
         """
         running = self.scheduler.running
         tokens = sum(s.num_tokens - 1 for s in running)
-        return {"slots": self.kv_cache.num_used_slots(), "tokens": tokens, "sequences": len(running)}
+        slots = self.scheduler.kv_cache.num_used_slots()
+        return {"slots": slots, "tokens": tokens, "sequences": len(running)}
 
 
 def _load_model(model: str | Transformer) -> Transformer:
@@ -224,30 +206,22 @@ def _load_model(model: str | Transformer) -> Transformer:
 
 
 class LLM:
-    """Offline generation, like `vllm.LLM`: `LLM(model).generate(prompts, sampling_params)`.
+    """Offline generation, like `vllm.LLM`: `LLM(model, **settings).generate(prompts, sampling_params)`.
 
     Args:
       model: a zoo name (`stacklib.llm.pretrained`), a folder holding a model saved in the
         zoo's format, or a chapter-12 `Transformer`.
-      max_model_len: the longest prompt + output (default: the model's max_seq_len).
-      max_num_seqs: the most sequences decoded in one step.
-      max_num_batched_tokens: the most tokens one step may run (at least max_model_len).
-      block_size: token slots per KV-cache block.
-      num_gpu_blocks_override: the cache's size in blocks (default: max_num_seqs full sequences).
-      enable_prefix_caching: share full prompt blocks between requests.
-      seed: seeds the requests that give no seed of their own.
+      **settings: `EngineConfig`'s fields (`max_num_seqs=8`, `block_size=4`, `quantization="int8"`…).
+
+    Raises:
+      TypeError: an unknown setting (the message lists the known ones).
+      ValueError: a setting out of range, or one that cannot work with this model.
     """
 
-    def __init__(self, model: str | Transformer = "stdlib-bytes", *, max_model_len: int | None = None,
-                 max_num_seqs: int = 16, max_num_batched_tokens: int | None = None, block_size: int = 16,
-                 num_gpu_blocks_override: int | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0):
+    def __init__(self, model: str | Transformer = "stdlib-bytes", **settings: Any):
+        config = EngineConfig.from_kwargs(**settings)  # checked before the model is loaded
         self.model_name = os.path.basename(os.path.normpath(model)) if isinstance(model, str) else "model"
-        self.llm_engine = LLMEngine(
-            _load_model(model), ByteTokenizer(), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-            num_gpu_blocks_override=num_gpu_blocks_override, enable_prefix_caching=enable_prefix_caching,
-            seed=seed)
+        self.llm_engine = LLMEngine(_load_model(model), ByteTokenizer(), config)
         self.llm_engine.runner.warmup()
         self._ids = itertools.count()
 

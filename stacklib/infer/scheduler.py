@@ -8,14 +8,19 @@ Each step the scheduler
   2. admits waiting sequences, oldest first, while `max_num_seqs`, the step's token
      budget `max_num_batched_tokens` and the free blocks allow (none after a
      preemption in the same step: the pool is full).
-Admitted sequences are pre-filled this step; the running ones decode one token. A
-finished sequence leaves at once, and its slot is taken in the very next step: the
-batch never waits for its longest member, which is static batching's waste.
+Admitted sequences are pre-filled this step; the running ones decode one token. When the
+engine reports a sequence's new token (`update_from_output`), the scheduler checks its stop
+rules (end of text, a stop token, `max_tokens`, the context length; the engine checks stop
+*strings*, which need the detokenized text) and a finished sequence leaves at once: its
+slot is taken in the very next step, so the batch never waits for its longest member,
+which is static batching's waste. The scheduler owns the KV-cache manager it allocates
+from.
 
-Mirrors vLLM's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, FCFS policy,
-recompute preemption). Differences: no chunked prefill (a prompt is pre-filled in one
-step, so `max_num_batched_tokens` must be at least `max_model_len`); prefill and
-decode are separate calls; no priorities, no speculative decoding.
+Mirrors vLLM's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`,
+`update_from_output`, FCFS policy, recompute preemption) and `check_stop` (`sched/utils.py`).
+Differences: no chunked prefill (a prompt is pre-filled in one step, so
+`max_num_batched_tokens` must be at least `max_model_len`); prefill and decode are separate
+calls; no priorities, no speculative decoding.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import enum
 import numpy as np
 
 from stacklib.infer.block_pool import KVCacheManager
+from stacklib.infer.config import EngineConfig
 from stacklib.infer.sampling_params import SamplingParams
 
 
@@ -69,12 +75,32 @@ class SchedulerOutput:
     preempted: list[Sequence]
 
 
-class Scheduler:
-    """First come, first served continuous batching over a `KVCacheManager`."""
+def check_stop(seq: Sequence, eos_id: int, max_model_len: int) -> tuple[str, int | None] | None:
+    """Why `seq` stops after its latest token: ("stop", the stop token or None), ("length", None), or None."""
+    params, token, n = seq.params, seq.output_token_ids[-1], len(seq.output_token_ids)
+    if n >= params.min_tokens:
+        if token == eos_id and not params.ignore_eos:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+    if n == params.max_tokens or seq.num_tokens >= max_model_len:
+        return "length", None
+    return None
 
-    def __init__(self, kv_cache: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int):
-        self.kv_cache = kv_cache
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+
+class Scheduler:
+    """First come, first served continuous batching over the `KVCacheManager` it owns.
+
+    Args:
+      config: the engine's settings, resolved for the model (`EngineConfig.resolve`).
+      eos_id: the tokenizer's end-of-text id (a stop rule).
+    """
+
+    def __init__(self, config: EngineConfig, eos_id: int):
+        self.kv_cache = KVCacheManager(config.num_gpu_blocks_override, config.block_size,
+                                       config.enable_prefix_caching)
+        self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
+        self.max_model_len, self.eos_id = config.max_model_len, eos_id
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -122,6 +148,15 @@ class Scheduler:
             prefills.append((seq, num_cached))
             budget -= seq.num_tokens - num_cached
         return SchedulerOutput(prefills, decodes, preempted)
+
+    def update_from_output(self, seq: Sequence, token: int) -> tuple[str, int | None] | None:
+        """Record `seq`'s new token; if a stop rule says so, finish it and return why (see `check_stop`)."""
+        self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)  # the computed full blocks become shareable
+        seq.output_token_ids.append(token)  # its keys and values are written by the next step
+        stop = check_stop(seq, self.eos_id, self.max_model_len)
+        if stop is not None:
+            self.finish(seq)
+        return stop
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out (finished or aborted) and free its blocks."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -43,6 +44,7 @@ import pydantic
 from fastapi import FastAPI, Request
 
 from stacklib import http
+from stacklib.infer.config import EngineConfig
 from stacklib.infer.engine import LLM, LLMEngine
 from stacklib.infer.outputs import RequestOutput
 from stacklib.infer.sampling_params import SamplingParams
@@ -406,26 +408,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="the longest prompt + output (default: the model's max_seq_len)")
-    parser.add_argument("--max-num-seqs", type=int, default=16,
-                        help="the most sequences decoded in one step (default: %(default)s)")
-    parser.add_argument("--block-size", type=int, default=16,
-                        help="token slots per KV-cache block (default: %(default)s)")
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                        help="the KV cache's size in blocks (default: max-num-seqs full sequences)")
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                        help="do not share full prompt blocks between requests")
-    parser.add_argument("--seed", type=int, default=0, help="seeds requests that give none (default: 0)")
+    EngineConfig.add_cli_args(parser)
     args = parser.parse_args(argv)
     if args.model not in zoo.ZOO and not os.path.isdir(args.model):
         parser.error(f"--model {args.model!r} is neither a zoo name ({', '.join(sorted(zoo.ZOO))}) nor a "
                      "folder holding a saved model.")
     try:
+        config = EngineConfig.from_cli_args(args)  # a bad setting fails before any work
         sock = http.listen_socket(args.host, args.port)  # before loading: a taken port fails at once
-        llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  block_size=args.block_size, num_gpu_blocks_override=args.num_gpu_blocks_override,
-                  enable_prefix_caching=args.enable_prefix_caching, seed=args.seed)
+        llm = LLM(args.model, **dataclasses.asdict(config))
     except (OSError, ValueError) as error:
         parser.error(str(error))
     host, port = sock.getsockname()
