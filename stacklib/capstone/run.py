@@ -172,7 +172,8 @@ def run_all(workdir: str | pathlib.Path | None = None) -> CapstoneReport:
     stage4 = post_training.run_grpo() if post_training.available() else None
     target = served_model(stage4)
     quant = quantization.quantize_and_score(target.model, heldout_batches(), target.accuracy)
-    served = serving.serve_with_openai(target.model, target.prompts, max_tokens=target.max_tokens)
+    served = serving.serve_with_openai(target.model, target.prompts, max_tokens=target.max_tokens,
+                                       quantization="int8")
     exported = serving.export_and_load_elsewhere(target.model, target.export_tokens, target.max_tokens,
                                                  workdir / "export" / "1")
     return CapstoneReport(whole, killed, resumed, step_profile, stage4, quant, served, exported, target.name)

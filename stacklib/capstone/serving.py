@@ -1,9 +1,10 @@
 """Stage 6: serve the model two ways, each started, queried and stopped by this code.
 
-1. The inference engine (`stacklib.infer.LLM`, chapter 14) behind its OpenAI-compatible
-   server, on a free localhost port, queried with the real `openai` client. Greedy
-   completions through the server must equal the engine's own `generate`, and a burst of
-   concurrent requests measures the served throughput (continuous batching).
+1. The inference engine (`stacklib.infer.LLM`, chapter 14; int8 weights in the book's run,
+   through the paged-attention kernel) behind its OpenAI-compatible server, on a free
+   localhost port, queried with the real `openai` client. Greedy completions through the
+   server must equal the engine's own `generate`, and a burst of concurrent requests
+   measures the served throughput (continuous batching).
 2. The model exported as an artifact (`stacklib.serve.lm.export`, chapter 15): its
    next-token function as StableHLO with a symbolic batch and length, plus its weights,
    loaded in a fresh Python process that never imports the model's code. Its logits must
@@ -58,11 +59,14 @@ class ServeResult:
 
 
 def serve_with_openai(model: nnx.Module, prompts: list[str] | list[list[int]], *, max_tokens: int = 24,
-                      burst: int = 16, name: str = "capstone") -> ServeResult:
+                      burst: int = 16, name: str = "capstone",
+                      quantization: str | None = None) -> ServeResult:
     """Serve `model` with the OpenAI-compatible server; query it with the `openai` client.
 
     Args:
       model: a chapter-12 Transformer.
+      quantization: None (float weights), 'int8' or 'int4': the engine quantizes the weights
+        with `stacklib.quant` and serves them (chapter 14).
       prompts: text or token ids (OpenAI's completions take both); greedy completions of
         these are compared with the engine's.
       max_tokens: tokens per completion.
@@ -71,7 +75,7 @@ def serve_with_openai(model: nnx.Module, prompts: list[str] | list[list[int]], *
     """
     import openai
 
-    llm = LLM(model, max_num_seqs=8, block_size=4)
+    llm = LLM(model, max_num_seqs=8, block_size=4, quantization=quantization)
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
     as_inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
     engine = [output.outputs[0].text for output in llm.generate(as_inputs, greedy)]
