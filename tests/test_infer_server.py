@@ -144,9 +144,9 @@ def test_models_health_seeds_and_vllm_extras(server, client):
     assert response.usage.completion_tokens == 30
 
 
-def _post(server, body: bytes):
+def _post(server, body: bytes, path: str = "/v1/completions"):
     connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT)
-    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    connection.request("POST", path, body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     return response.status, json.loads(response.read())
 
@@ -172,6 +172,40 @@ def test_bad_requests_get_vllm_error_bodies_and_the_server_keeps_serving(server,
     assert payload["error"]["code"] == status and payload["error"]["param"] == param
     assert message in payload["error"]["message"], payload
     assert client.completions.create(model=NAME, prompt="ok", max_tokens=2, temperature=0).choices[0].text
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/completions", {"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ("/v1/completions", {"min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {"max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"n": 0}, "n"),
+    ("/v1/completions", {"n": "many"}, "n"),  # pydantic's type check, not the engine's
+    ("/v1/completions", {"top_p": 0}, "top_p"),
+    ("/v1/completions", {"top_k": -2}, "top_k"),
+    ("/v1/completions", {"min_p": 1.5}, "min_p"),
+    ("/v1/completions", {"seed": -1}, "seed"),
+    ("/v1/completions", {"stop": ["\n", ""]}, "stop"),
+    ("/v1/completions", {"logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"stop_token_ids": [256], "min_tokens": 1}, "stop_token_ids"),  # past the vocab
+    ("/v1/completions", {"prompt": [65, 300]}, "prompt"),
+    ("/v1/completions", {"prompt": "\ud800"}, "prompt"),  # a lone surrogate: not text
+    ("/v1/chat/completions", {"temperature": -1}, "temperature"),
+    ("/v1/chat/completions", {"min_tokens": 20, "max_completion_tokens": 10}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 200}]}, "messages"),
+    ("/v1/chat/completions", {"max_tokens": 200}, "max_tokens"),
+    ("/v1/chat/completions", {"max_completion_tokens": 200}, "max_completion_tokens"),
+])
+def test_each_refused_field_is_the_error_param(server, path, fields, param):
+    body = {"model": NAME, "prompt": "x"} if path == "/v1/completions" else {"model": NAME, "messages": CHAT}
+    status, payload = _post(server, json.dumps({**body, **fields}).encode(), path)
+    assert (status, payload["error"]["param"]) == (400, param), payload
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=WAIT)
+    connection.request("GET", "/health")
+    assert connection.getresponse().status == 200  # the engine was not touched
 
 
 def test_the_openai_client_raises_its_own_errors_for_them(client):

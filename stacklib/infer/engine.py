@@ -32,7 +32,7 @@ from stacklib.infer.config import EngineConfig
 from stacklib.infer.model_runner import ModelRunner
 from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
 from stacklib.infer.quantization import quantize_weights
-from stacklib.infer.sampling_params import SamplingParams, log_softmax, sample_token
+from stacklib.infer.sampling_params import InvalidRequestError, SamplingParams, log_softmax, sample_token
 from stacklib.infer.scheduler import Scheduler, Sequence, SequenceStatus
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
@@ -86,27 +86,45 @@ class LLMEngine:
         self.num_steps = 0
 
     def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        P = len(prompt_token_ids)
+        """Refuse a request that cannot run here, naming the field at fault as OpenAI's `param`.
+
+        Raises:
+          InvalidRequestError: an empty or too long prompt, prompt or stop token ids outside
+            the vocabulary, or `max_tokens` past the context.
+        """
+        P, V = len(prompt_token_ids), self.tokenizer.vocab_size
         if P == 0:
-            raise ValueError("The prompt is empty; give at least one token.")
+            raise InvalidRequestError("The prompt is empty; give at least one token.", param="prompt")
         if P >= self.max_model_len:
-            raise ValueError(f"The prompt has {P} tokens; this model's maximum context length is "
-                             f"{self.max_model_len} tokens, and at least one must be left to generate. "
-                             "Shorten the prompt.")
+            raise InvalidRequestError(
+                f"The prompt has {P} tokens; this model's maximum context length is {self.max_model_len} "
+                "tokens, and at least one must be left to generate. Shorten the prompt.", param="prompt")
         if params.max_tokens is not None and P + params.max_tokens > self.max_model_len:
-            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                             f"you requested {P + params.max_tokens} tokens ({P} in the prompt, "
-                             f"{params.max_tokens} in the completion). Reduce max_tokens to at most "
-                             f"{self.max_model_len - P}.")
-        if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_token_ids):
-            raise ValueError(f"Prompt token ids must lie in [0, {self.tokenizer.vocab_size}).")
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{P + params.max_tokens} tokens ({P} in the prompt, {params.max_tokens} in the completion). "
+                f"Reduce max_tokens to at most {self.max_model_len - P}.", param="max_tokens")
+        if any(not 0 <= t < V for t in prompt_token_ids):
+            raise InvalidRequestError(f"Prompt token ids must lie in [0, {V}).", param="prompt")
+        if any(not 0 <= t < V for t in params.stop_token_ids):  # sampling indexes the logits with them
+            raise InvalidRequestError(f"stop_token_ids must lie in [0, {V}), got {params.stop_token_ids}.",
+                                      param="stop_token_ids")
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Queue a prompt (text or token ids). Raises ValueError if it cannot fit the context."""
+        """Queue a prompt (text or token ids).
+
+        Raises:
+          InvalidRequestError: the prompt or params cannot run here (`param` names the field).
+          ValueError: `request_id` is already in use.
+        """
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         text = prompt if isinstance(prompt, str) else None
-        ids = [int(t) for t in (self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)]
+        try:
+            ids = [int(t) for t in (self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)]
+        except UnicodeEncodeError as error:  # a lone surrogate, which JSON's "\ud800" can carry
+            raise InvalidRequestError(f"The prompt is not valid Unicode text: {error.reason} at character "
+                                      f"{error.start}.", param="prompt") from None
         self._validate(ids, params)
         seqs = []
         for index in range(params.n):

@@ -30,6 +30,21 @@ import numpy as np
 _GREEDY_EPS = 1e-5
 
 
+class InvalidRequestError(ValueError):
+    """A request the engine refuses, with `param`: the field at fault, by its OpenAI/vLLM name.
+
+    Raised where a request is checked (`SamplingParams`, `LLMEngine.add_request`), so the
+    OpenAI server reports the field in its error body's `"param"` from the exception, not
+    by reading the message. A `ValueError`, so offline callers catch it as before.
+
+    # NB: vLLM's `vllm.exceptions.VLLMValidationError(message, parameter=..., value=...)`.
+    """
+
+    def __init__(self, message: str, *, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclasses.dataclass
 class SamplingParams:
     """Sampling parameters for one request (vLLM's names and defaults).
@@ -48,6 +63,9 @@ class SamplingParams:
       logprobs: how many most-likely tokens' log-probabilities to return per step
         (the chosen one always included); None for none.
       ignore_eos: keep generating after EOS.
+
+    Raises:
+      InvalidRequestError: a value out of range; its `param` names the attribute.
     """
 
     n: int = 1
@@ -68,24 +86,27 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        checks = [
-            (self.n >= 1, f"n must be at least 1, got {self.n}."),
-            (self.temperature >= 0, f"temperature must be non-negative, got {self.temperature}."),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}."),
-            (self.top_k >= -1, f"top_k must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}."),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}."),
-            (self.max_tokens is None or self.max_tokens >= 1,
+        checks = [  # (holds, the field at fault, what is wrong)
+            (self.n >= 1, "n", f"n must be at least 1, got {self.n}."),
+            (self.temperature >= 0, "temperature",
+             f"temperature must be non-negative, got {self.temperature}."),
+            (0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}."),
+            (self.top_k >= -1, "top_k",
+             f"top_k must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}."),
+            (0 <= self.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {self.min_p}."),
+            (self.seed is None or self.seed >= 0, "seed", f"seed must be non-negative, got {self.seed}."),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
              f"max_tokens must be at least 1, got {self.max_tokens}."),
-            (self.min_tokens >= 0, f"min_tokens must be non-negative, got {self.min_tokens}."),
-            (self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}."),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"min_tokens={self.min_tokens} must not exceed max_tokens={self.max_tokens}."),
-            (self.logprobs is None or self.logprobs >= 0,
+            (self.logprobs is None or self.logprobs >= 0, "logprobs",
              f"logprobs must be non-negative, got {self.logprobs}."),
-            (all(s for s in self.stop), "stop strings must not be empty."),
+            (all(s for s in self.stop), "stop", "stop strings must not be empty."),
         ]
-        for ok, message in checks:
+        for ok, param, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidRequestError(message, param=param)
 
     @property
     def greedy(self) -> bool:

@@ -14,16 +14,24 @@ for the outputs the loop hands back. A streamed response sends each step's new t
 a server-sent event and ends with `data: [DONE]`; a client that disconnects mid-stream
 aborts its request, and its blocks go back to the pool.
 
+Each endpoint is a module-level handler taking the parsed body and the `ServerState`;
+`create_app` only routes HTTP to them. Completions and chat share the rest: `_start`
+admits the prompts, `_finals` waits for the answers, `_event_stream` streams them.
+
 Errors are vLLM's bodies, `{"error": {"message", "type", "param", "code"}}`: 400 for
 malformed JSON, missing or invalid fields, sampling values out of range and prompts or
-`max_tokens` beyond the context; 404 for an unknown model.
+`max_tokens` beyond the context; 404 for an unknown model. `param` is the field at
+fault: pydantic's location for a malformed field, and for a value the engine refuses the
+`param` of the `InvalidRequestError` that `SamplingParams` or `LLMEngine.add_request`
+raised (in chat, a prompt too long is `messages`'s fault).
 
 Mirrors vLLM's `vllm/entrypoints/openai/api_server.py` and `protocol.py` (a subset of
 the request fields; vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_eos`,
 `stop_token_ids` go in the body, with the openai client's `extra_body`). Differences:
 log-probabilities in non-streamed completions only (not in chat, not streamed); no
 tools or response formats, no authentication; the chat template is ours (the model is
-not chat-tuned: it continues the text).
+not chat-tuned: it continues the text); a prompt past the context is `param` "prompt"
+or "messages" (vLLM: "input_tokens").
 """
 
 from __future__ import annotations
@@ -37,21 +45,22 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import pydantic
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from stacklib import http
 from stacklib.infer.config import EngineConfig
 from stacklib.infer.engine import LLM, LLMEngine
-from stacklib.infer.outputs import RequestOutput
-from stacklib.infer.sampling_params import SamplingParams
+from stacklib.infer.outputs import CompletionOutput, RequestOutput
+from stacklib.infer.sampling_params import InvalidRequestError, SamplingParams
 from stacklib.llm import zoo
 
 
-class _Sampling(pydantic.BaseModel):
+class _GenerateRequest(pydantic.BaseModel):
     """The request fields shared by completions and chat (OpenAI's names, vLLM's extras)."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
@@ -70,17 +79,22 @@ class _Sampling(pydantic.BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
 
-    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
-        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              min_p=self.min_p, seed=self.seed, stop=self.stop,
-                              stop_token_ids=self.stop_token_ids, max_tokens=max_tokens,
-                              min_tokens=self.min_tokens, ignore_eos=self.ignore_eos)
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        """`SamplingParams` from this request's fields of the same names, then `overrides`."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)
+                  if f.name in type(self).model_fields}
+        return SamplingParams(**{**fields, **overrides})
+
+    def request_field(self, param: str) -> str:
+        """This request's name for the engine's field `param` (an `InvalidRequestError`'s)."""
+        return param
 
 
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(_GenerateRequest):
     prompt: str | list[int] | list[str] | list[list[int]]  # what OpenAI's API accepts
     logprobs: int | None = None
 
@@ -88,19 +102,16 @@ class CompletionRequest(_Sampling):
         """The prompts of this request: one, or a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
         if isinstance(self.prompt, str) or all(isinstance(token, int) for token in self.prompt):
             return [self.prompt]
-        if not self.prompt:
-            raise ValueError("The prompt is empty; give at least one token.")
         return list(self.prompt)
 
-    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
-        params = super().sampling_params(max_tokens)
-        params.logprobs = self.logprobs
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}.")
-        return params
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}.",
+                                      param="logprobs")
+        return super().sampling_params(**overrides)
 
 
-def completion_logprobs(completion) -> dict[str, list] | None:
+def completion_logprobs(completion: CompletionOutput) -> dict[str, list] | None:
     """OpenAI's completions `logprobs` object from a `CompletionOutput`'s per-token dicts."""
     if completion.logprobs is None:
         return None
@@ -122,9 +133,23 @@ class ChatMessage(pydantic.BaseModel):
     content: str
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_GenerateRequest):
     messages: list[ChatMessage] = pydantic.Field(min_length=1)
     max_completion_tokens: int | None = None
+
+    def prompts(self) -> list[str]:
+        return [apply_chat_template(self.messages)]
+
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        return super().sampling_params(max_tokens=self.max_completion_tokens or self.max_tokens, **overrides)
+
+    def request_field(self, param: str) -> str:
+        """The prompt is made of the messages; `max_completion_tokens`, when given, is the length."""
+        if param == "prompt":
+            return "messages"
+        if param == "max_tokens" and self.max_completion_tokens:
+            return "max_completion_tokens"
+        return param
 
 
 def apply_chat_template(messages: list[ChatMessage]) -> str:
@@ -173,7 +198,7 @@ class AsyncEngine:
         """Add a request and yield its outputs step by step; closing the iterator aborts it.
 
         Raises:
-          ValueError: the prompt or params do not fit the engine (before anything is yielded).
+          InvalidRequestError: the engine refuses the request (before anything is yielded).
         """
         request_id = f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
@@ -201,199 +226,218 @@ class AsyncEngine:
         self._thread.join(10)
 
 
-def _completion_id(prefix: str) -> str:
-    return f"{prefix}-{time.time_ns():x}"
+@dataclasses.dataclass
+class ServerState:
+    """What every handler needs, like vLLM's `app.state`: the engine loop and the served model."""
+
+    engine: AsyncEngine
+    model_name: str
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
-def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app serving `llm` (its engine loop starts now, stops at shutdown)."""
-    name = served_model_name or llm.model_name
-    engine = AsyncEngine(llm.llm_engine)
-    tokenizer = llm.get_tokenizer()
-    created = int(time.time())
+async def _parse(request: Request, schema: type[_GenerateRequest], state: ServerState) -> Any:
+    """The body as `schema`, or the 400 (a malformed field) or 404 (another model) that says why not."""
+    payload = await http.read_json(request)
+    try:
+        body = schema.model_validate(payload)
+    except pydantic.ValidationError as error:
+        first = error.errors()[0]
+        if first["loc"][:1] == ("prompt",):  # pydantic would name a member of the union
+            raise http.HTTPError(400, f"invalid request: prompt must be {PROMPT_FORMS}.",
+                                 param="prompt") from None
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise http.HTTPError(400, f"invalid request: {param}: {first['msg']}", param=param) from None
+    if body.model != state.model_name:
+        raise http.HTTPError(404, f"The model `{body.model}` does not exist; this server serves "
+                                  f"`{state.model_name}`.", param="model")
+    return body
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        engine.close()
 
-    app = http.create_app("stacklib.infer", error_param=True)
-    app.router.lifespan_context = lifespan
-    app.state.engine = engine
+async def _prepend(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """A primed stream made whole again: `first`, then `rest`."""
+    yield first
+    async for output in rest:
+        yield output
 
-    async def parse(request: Request, model: type[_Sampling]) -> _Sampling:
-        payload = await http.read_json(request)
+
+async def _start(state: ServerState, body: CompletionRequest | ChatCompletionRequest,
+                 ) -> list[AsyncIterator[RequestOutput]]:
+    """Every prompt's output stream, each primed with its first output, or a 400 naming the field at fault.
+
+    Priming makes a refused request fail here, before a streamed response has sent its 200.
+    All or none: when one prompt of a batch is refused, the ones already admitted are aborted.
+    """
+    started = []  # (first output, the rest) per prompt
+    try:
+        params = body.sampling_params()
+        for prompt in body.prompts():
+            stream = state.engine.generate(prompt, params)
+            started.append((await anext(stream), stream))
+    except InvalidRequestError as error:
+        for _, stream in started:
+            await stream.aclose()
+        raise http.HTTPError(400, str(error), param=body.request_field(error.param)) from None
+    return [_prepend(first, rest) for first, rest in started]
+
+
+async def _finals(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    """Each stream's last output: its finished request."""
+    async def last(stream):
+        async for output in stream:
+            final = output
+        return final
+
+    return await asyncio.gather(*(last(stream) for stream in streams))
+
+
+async def _steps(streams: list[AsyncIterator[RequestOutput]], n: int):
+    """Every step of every stream as it comes: (prompt index, output, changes).
+
+    `changes` lists each choice the step advanced as (choice index, new text, finish_reason,
+    stop_reason). Closing this generator (the client went away) cancels the tasks that read
+    the streams, which aborts their requests.
+    """
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(p, stream):
+        sent = [0] * n  # characters of each choice's text already sent
         try:
-            body = model.model_validate(payload)
-        except pydantic.ValidationError as error:
-            first = error.errors()[0]
-            if first["loc"][:1] == ("prompt",):  # pydantic would name a member of the union
-                raise http.HTTPError(400, f"invalid request: prompt must be {PROMPT_FORMS}.",
-                                     param="prompt") from None
-            param = ".".join(str(part) for part in first["loc"]) or None
-            raise http.HTTPError(400, f"invalid request: {param}: {first['msg']}", param=param) from None
-        if body.model != name:
-            raise http.HTTPError(404, f"The model `{body.model}` does not exist; this server serves "
-                                      f"`{name}`.", param="model")
-        return body
-
-    async def start(prompt, body: _Sampling, max_tokens) -> AsyncIterator[RequestOutput]:
-        """The request's output stream, primed: errors in the request surface here as 400s."""
-        try:
-            params = body.sampling_params(max_tokens)
-            stream = engine.generate(prompt, params)
-            first = await anext(stream)
-        except ValueError as error:
-            message = str(error)
-            # SamplingParams' messages start with the field's name; the engine's name the context.
-            first_word = message.split()[0]
-            param = (first_word if first_word in SamplingParams.__dataclass_fields__
-                     else "max_tokens" if "Reduce max_tokens" in message else "prompt")
-            raise http.HTTPError(400, message, param=param) from None
-
-        async def chained():
-            yield first
             async for output in stream:
-                yield output
-        return chained()
-
-    def usage(output: RequestOutput) -> dict[str, int]:
-        completion = sum(len(c.token_ids) for c in output.outputs)
-        return {"prompt_tokens": len(output.prompt_token_ids), "completion_tokens": completion,
-                "total_tokens": len(output.prompt_token_ids) + completion}
-
-    def deltas(outputs: AsyncIterator[RequestOutput], n: int):
-        """(output, [(index, new text, finish_reason, stop_reason)]) per step."""
-        async def gen():
-            sent = [0] * n
-            async for output in outputs:
                 changes = []
                 for c in output.outputs:
                     if len(c.text) > sent[c.index] or c.finish_reason:
                         changes.append((c.index, c.text[sent[c.index]:], c.finish_reason, c.stop_reason))
                         sent[c.index] = len(c.text)
-                yield output, changes
-        return gen()
+                await queue.put((p, output, changes))
+            await queue.put((p, None, None))
+        except Exception as error:  # noqa: BLE001 - the engine failed: the response must end
+            await queue.put((p, error, None))
 
-    async def last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-        async for output in outputs:
-            final = output
-        return final
+    tasks = [asyncio.create_task(pump(p, stream)) for p, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            p, output, changes = await queue.get()
+            if isinstance(output, Exception):
+                raise output
+            if output is None:
+                running -= 1
+            else:
+                yield p, output, changes
+    finally:
+        for task in tasks:
+            task.cancel()
 
-    async def start_all(prompts, body: CompletionRequest) -> list[AsyncIterator[RequestOutput]]:
-        """Every prompt's stream, or none: a bad prompt aborts the ones already started."""
-        streams = []
-        try:
-            for prompt in prompts:
-                streams.append(await start(prompt, body, body.max_tokens))
-        except http.HTTPError:
-            for stream in streams:
-                await stream.aclose()
-            raise
-        return streams
 
-    async def merged(streams: list[AsyncIterator[RequestOutput]], n: int):
-        """(prompt index, output, changes) from all streams as they come; cancelling aborts them all."""
-        queue: asyncio.Queue = asyncio.Queue()
+def _usage(outputs: list[RequestOutput]) -> dict[str, int]:
+    """OpenAI's `usage`, summed over the prompts and their choices."""
+    prompt = sum(len(output.prompt_token_ids) for output in outputs)
+    completion = sum(len(c.token_ids) for output in outputs for c in output.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-        async def pump(index, stream):
-            try:
-                async for output, changes in deltas(stream, n):
-                    await queue.put((index, output, changes))
-                await queue.put((index, None, None))
-            except Exception as error:  # noqa: BLE001 - the engine failed: the response must end
-                await queue.put((index, error, None))
 
-        tasks = [asyncio.create_task(pump(index, stream)) for index, stream in enumerate(streams)]
-        try:
-            running = len(tasks)
-            while running:
-                index, output, changes = await queue.get()
-                if isinstance(output, Exception):
-                    raise output
-                if output is None:
-                    running -= 1
-                else:
-                    yield index, output, changes
-        finally:
-            for task in tasks:
-                task.cancel()
+def _header(state: ServerState, prefix: str, kind: str) -> dict[str, Any]:
+    """The fields a response, and each of its streamed chunks, starts with."""
+    return {"id": f"{prefix}-{time.time_ns():x}", "object": kind, "created": int(time.time()),
+            "model": state.model_name}
 
-    def total_usage(outputs: list[RequestOutput]) -> dict[str, int]:
-        each = [usage(output) for output in outputs]
-        return {key: sum(u[key] for u in each) for key in each[0]}
+
+def _event_stream(streams: list[AsyncIterator[RequestOutput]],
+                  body: CompletionRequest | ChatCompletionRequest, header: dict[str, Any],
+                  content: Callable[[str], dict[str, Any]], opening: tuple[dict[str, Any], ...] = (),
+                  ) -> StreamingResponse:
+    """Completions and chat streamed alike: `opening`, a chunk per choice per step, usage if asked.
+
+    A step's chunk holds one choice whose new text `content` wraps as its endpoint does
+    (`{"text": ...}`, `{"delta": {"content": ...}}`); choice i of prompt p is index p * n + i.
+    """
+    async def chunks():
+        for chunk in opening:
+            yield chunk
+        finals = {}
+        async for p, output, changes in _steps(streams, body.n):
+            finals[p] = output
+            for index, text, finish, stop in changes:
+                yield {**header, "choices": [{"index": p * body.n + index, **content(text), "logprobs": None,
+                                              "finish_reason": finish, "stop_reason": stop}]}
+        if (body.stream_options or {}).get("include_usage"):
+            yield {**header, "choices": [], "usage": _usage(list(finals.values()))}
+
+    return http.event_stream(chunks())
+
+
+async def completions(body: CompletionRequest, state: ServerState) -> dict[str, Any] | StreamingResponse:
+    """POST /v1/completions: choice i of prompt p has index p * n + i, as in vLLM."""
+    streams = await _start(state, body)
+    header = _header(state, "cmpl", "text_completion")
+    if body.stream:
+        return _event_stream(streams, body, header, lambda text: {"text": text})
+    outputs = await _finals(streams)
+    return {**header, "usage": _usage(outputs), "choices": [
+        {"index": p * body.n + c.index, "text": c.text, "logprobs": completion_logprobs(c),
+         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        for p, output in enumerate(outputs) for c in output.outputs]}
+
+
+async def chat_completions(body: ChatCompletionRequest, state: ServerState,
+                           ) -> dict[str, Any] | StreamingResponse:
+    """POST /v1/chat/completions: the messages through our chat template, one choice per `n`."""
+    streams = await _start(state, body)
+    if body.stream:
+        header = _header(state, "chatcmpl", "chat.completion.chunk")
+        roles = tuple({**header, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None}]}
+                      for index in range(body.n))
+        return _event_stream(streams, body, header, lambda text: {"delta": {"content": text}}, roles)
+    outputs = await _finals(streams)
+    return {**_header(state, "chatcmpl", "chat.completion"), "usage": _usage(outputs), "choices": [
+        {"index": c.index, "message": {"role": "assistant", "content": c.text},
+         "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        for c in outputs[0].outputs]}
+
+
+def models(state: ServerState) -> dict[str, Any]:
+    """GET /v1/models: the one model served, with its context length (vLLM's `max_model_len`)."""
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
+                                        "owned_by": "stacklib", "root": state.model_name,
+                                        "max_model_len": state.engine.engine.max_model_len}]}
+
+
+def health(state: ServerState) -> dict[str, str]:
+    """GET /health: ok while the engine loop runs; 500 once a step has failed."""
+    if state.engine.error is not None:
+        raise http.HTTPError(500, f"the engine failed: {state.engine.error}")
+    return {"status": "ok"}
+
+
+def create_app(llm: LLM, served_model_name: str | None = None) -> FastAPI:
+    """The OpenAI-compatible app serving `llm` (its engine loop starts now, stops at shutdown)."""
+    state = ServerState(AsyncEngine(llm.llm_engine), served_model_name or llm.model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.engine.close()
+
+    app = http.create_app("stacklib.infer", error_param=True)
+    app.router.lifespan_context = lifespan
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parse(request, CompletionRequest)
-        try:
-            prompts = body.prompts()
-        except ValueError as error:
-            raise http.HTTPError(400, str(error), param="prompt") from None
-        streams = await start_all(prompts, body)
-        base = {"id": _completion_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-                "model": name}
-        # Choice i of prompt p has index p * n + i, as in vLLM.
-        if not body.stream:
-            outputs = await asyncio.gather(*(last(stream) for stream in streams))
-            return {**base, "usage": total_usage(outputs), "choices": [
-                {"index": p * body.n + c.index, "text": c.text, "logprobs": completion_logprobs(c),
-                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                for p, output in enumerate(outputs) for c in output.outputs]}
-
-        async def chunks():
-            finals = {}
-            async for p, output, changes in merged(streams, body.n):
-                finals[p] = output
-                for index, text, finish, stop in changes:
-                    yield {**base, "choices": [{"index": p * body.n + index, "text": text, "logprobs": None,
-                                                "finish_reason": finish, "stop_reason": stop}]}
-            if (body.stream_options or {}).get("include_usage"):
-                yield {**base, "choices": [], "usage": total_usage(list(finals.values()))}
-        return http.event_stream(chunks())
+    async def _completions(request: Request):
+        return await completions(await _parse(request, CompletionRequest, state), state)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await parse(request, ChatCompletionRequest)
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        outputs = await start(apply_chat_template(body.messages), body, max_tokens)
-        base = {"id": _completion_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-                "model": name}
-        if not body.stream:
-            output = await last(outputs)
-            return {**base, "usage": usage(output), "choices": [
-                {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                 "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                for c in output.outputs]}
-        base["object"] = "chat.completion.chunk"
-
-        async def chunks():
-            for index in range(body.n):
-                yield {**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]}
-            final = None
-            async for output, changes in deltas(outputs, body.n):
-                final = output
-                for index, text, finish, stop in changes:
-                    yield {**base, "choices": [{"index": index, "delta": {"content": text}, "logprobs": None,
-                                                "finish_reason": finish, "stop_reason": stop}]}
-            if (body.stream_options or {}).get("include_usage"):
-                yield {**base, "choices": [], "usage": usage(final)}
-        return http.event_stream(chunks())
+    async def _chat_completions(request: Request):
+        return await chat_completions(await _parse(request, ChatCompletionRequest, state), state)
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
-                                            "owned_by": "stacklib", "root": name,
-                                            "max_model_len": llm.llm_engine.max_model_len}]}
+    async def _models():
+        return models(state)
 
     @app.get("/health")
-    async def health():
-        if engine.error is not None:
-            raise http.HTTPError(500, f"the engine failed: {engine.error}")
-        return {"status": "ok"}
+    async def _health():
+        return health(state)
 
-    app.state.tokenizer = tokenizer
     return app
 
 
