@@ -43,7 +43,7 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 # tests take 47 s instead of 81 s, and a training notebook runs as fast as at -O2 (at -O0 it
 # ran 10% slower). Numerics differ in the last bits, as under another device count: every
 # demo holds with a margin across seeds and device counts, and zoo models are always built
-# with XLA's defaults (stacklib/llm/zoo_build.py drops XLA_FLAGS). `make book` uses the defaults.
+# with XLA's defaults (stacklib/checkpoint/zoo.py drops XLA_FLAGS). `make book` uses the defaults.
 TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1
 
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build

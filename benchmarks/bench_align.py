@@ -26,7 +26,7 @@ import numpy as np
 
 import stacklib.optim as optax
 from benchmarks.timing import median_seconds, print_ratio
-from stacklib.llm import zoo_build
+from stacklib.checkpoint import zoo as checkpoint_zoo
 
 
 def _dpo(model, tokenizer, recipe, steps: int):
@@ -135,7 +135,7 @@ def main(scale: float = 1.0) -> None:
             os.environ["STACKLIB_CACHE"] = throwaway_cache
             # Throwaway models: train them here, not in the zoo's fixed build process (three
             # fresh Pythons). The build process itself is tested in tests/test_llm.py.
-            os.environ[zoo_build.BUILDER_ENV] = "1"
+            os.environ[checkpoint_zoo.BUILDER_ENV] = "1"
             from stacklib.llm import zoo as llm_zoo
 
             llm_zoo.ZOO["stdlib-bytes"] = {**llm_zoo.ZOO["stdlib-bytes"], "steps": 3}

@@ -10,7 +10,7 @@ Layers (a module imports only from layers below it):
   0  hw, grading, transforms
   1  nn, optim, data, checkpoint, compile, profile, http
   2  parallel, kernels, quant
-  3  llm
+  3  llm, diffusion
   4  align, infer, serve
   5  capstone
 On top of them all, free to import anything: `cases` (the exercises' grading cases) and

@@ -206,6 +206,17 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
                 "local_checkpoint_every": 20, "kill_after": 250,
                 "max_corpus_bytes": 50_000_000, "eval_batches": 8},
     },
+    # Chapter 17: diffusion on the digits. The models come from stacklib.diffusion.zoo (trained
+    # once, on CPU, everywhere); these are the samples judged per setting, the sampler steps, and
+    # the live training run that shows each objective's loss going down.
+    "diffusion": {
+        "cpu": {"samples": 200, "euler_steps": 16, "ddim_steps": 20, "ddpm_steps": 50, "live_steps": 60,
+                "live_batch": 32, "live_width": 16},
+        "gpu": {"samples": 2000, "euler_steps": 50, "ddim_steps": 50, "ddpm_steps": 250, "live_steps": 1500,
+                "live_batch": 256, "live_width": 64},
+        "tpu": {"samples": 2000, "euler_steps": 50, "ddim_steps": 50, "ddpm_steps": 250, "live_steps": 1500,
+                "live_batch": 256, "live_width": 64},
+    },
 }
 
 

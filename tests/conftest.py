@@ -36,8 +36,12 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 # time. Whichever test asks first waits for it, and when a second worker asks meanwhile, both
 # workers wait and a core sits idle. `--build-zoo-first` (make test passes it) asks for them at
 # once, in a background process, so the build overlaps the first tests. The files do not depend
-# on who asks (zoo_build.py); a test that needs a model still waits for it, on the zoo's lock.
-ZOO_WARM_UP = "from stacklib.align import zoo; zoo.grpo(seed=0)"  # builds stdlib-bytes and sft-start too
+# on who asks (stacklib/checkpoint/zoo.py); a test that needs a model still waits for it, on the zoo's lock.
+# Chapter 17's two diffusion models (about 35 s each) follow in the same process.
+ZOO_WARM_UP = "\n".join([
+    "from stacklib.align import zoo; zoo.grpo(seed=0)",  # builds stdlib-bytes and sft-start too
+    "from stacklib.diffusion import zoo; zoo.pretrained('digits-flow'); zoo.pretrained('digits-ddpm')",
+])
 
 
 def pytest_addoption(parser):

@@ -16,7 +16,7 @@ LAYERS = {
     "hw": 0, "grading": 0, "transforms": 0,
     "nn": 1, "optim": 1, "data": 1, "checkpoint": 1, "compile": 1, "profile": 1, "http": 1,
     "parallel": 2, "kernels": 2, "quant": 2,
-    "llm": 3,
+    "llm": 3, "diffusion": 3,
     "align": 4, "infer": 4, "serve": 4,
     "capstone": 5,
 }

@@ -15,12 +15,13 @@ import pytest
 from conftest import ROOT
 
 from stacklib.capstone import __main__ as capstone_cli
+from stacklib.diffusion import train as diffusion_cli
 from stacklib.grading import __main__ as grading_cli
 from stacklib.infer import serve as infer_cli
 from stacklib.llm import train as train_cli
 from stacklib.serve import __main__ as serve_cli
 
-MAINS = {"stacklib.llm.train": train_cli.main,
+MAINS = {"stacklib.llm.train": train_cli.main, "stacklib.diffusion.train": diffusion_cli.main,
          "stacklib.infer.serve": infer_cli.main,
          "stacklib.serve": serve_cli.main, "stacklib.capstone": capstone_cli.main,
          "stacklib.grading": grading_cli.main}
@@ -60,6 +61,8 @@ def mistakes(tmp_path, busy_port):
         ("stacklib.llm.train", ["--steps=20"], "write steps=20"),
         ("stacklib.llm.train", ["missing.yml", "steps=3"], "config file 'missing.yml' not found"),
         ("stacklib.llm.train", ["steps=3", "seq_len=256"], "Set seq_len<=128"),
+        ("stacklib.diffusion.train", [], "nothing to train"),
+        ("stacklib.diffusion.train", ["objective=score"], "is not one of flow, ddpm"),
         ("stacklib.infer.serve", ["--model", "no-such-model"], "neither a zoo name"),
         ("stacklib.infer.serve", ["--port", str(busy_port)], "Choose another --port"),
         ("stacklib.infer.serve", ["--max-num-seqs", "many"], "invalid int value"),

@@ -392,7 +392,7 @@ def test_a_zoo_model_is_trained_once_into_the_same_files_whoever_asks_and_a_corr
     # The build process's own command line, as a maintainer would pre-build a cache, from a shell
     # with XLA and JAX settings of its own: the same files.
     request = {"directory": str(tmp_path / "by-hand"), "config": zoo.zoo_config("test-tiny").to_dict()}
-    command = ["-m", "stacklib.llm.zoo_build", "stacklib.llm.zoo:build", json.dumps(request)]
+    command = ["-m", "stacklib.checkpoint.zoo", "stacklib.llm.zoo:build", json.dumps(request)]
     subprocess.run([sys.executable, *command], env=hostile, cwd=ROOT, check=True, timeout=300)
     assert cache_fingerprint(tmp_path / "by-hand") == first_build
     assert json.loads((cached / "3" / "built_with" / "item.json").read_text())["cpu_devices"] == 1

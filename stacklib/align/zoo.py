@@ -11,7 +11,7 @@ every later one, in any process, loads:
 
 The cache is `$STACKLIB_CACHE/align/<name>-<hash>/`, where the hash covers every field
 of the `Recipe` and the base model's config: change a setting and a new model is trained,
-the old one is kept. The protocol is stacklib/llm/zoo.py's (its docstring explains it):
+the old one is kept. The protocol is stacklib.checkpoint.zoo's (its docstring explains it):
 trained in a fresh process with one CPU device and one core, so the files are the same
 whoever asks first; written atomically; serialised by an exclusive lock; a cache that
 fails to load is deleted and rebuilt with a warning. The training time is kept apart
@@ -36,6 +36,7 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.align import recipes, tasks
+from stacklib.checkpoint import zoo as checkpoint_zoo
 from stacklib.llm import zoo as llm_zoo
 
 
@@ -70,20 +71,21 @@ def _cached(name: str, recipe: recipes.Recipe):
     # train it too (a name registered only in this process's memory would mean nothing there).
     request = {"name": name, "recipe": recipe.to_dict(),
                "base_config": llm_zoo.zoo_config(recipe.base_model).to_dict()}
-    return llm_zoo.load_or_build(cache_dir() / _key(name, request), functools.partial(_load, recipe=recipe),
-                                 "stacklib.align.zoo:build", request)
+    load = functools.partial(_load, recipe=recipe)
+    directory = cache_dir() / _key(name, request)
+    return checkpoint_zoo.load_or_build(directory, load, "stacklib.align.zoo:build", request)
 
 
 def build(directory: str, name: str, recipe: dict[str, Any], base_config: dict[str, Any]) -> None:
     """Train the recipe's model `name` ("sft-start" or "grpo") and write it into `directory`.
 
-    Run by stacklib/llm/zoo_build.py in the fixed build process; call `sft_start` or `grpo`.
+    Run by stacklib.checkpoint.zoo in the fixed build process; call `sft_start` or `grpo`.
     """
     recipe = recipes.Recipe(**recipe)
     llm_zoo.register(recipe.base_model, **base_config)  # as the caller knew it
     model, info = _BUILDERS[name](recipe)
     timing = {"seconds": info.pop("seconds")}
-    llm_zoo.write_atomically(pathlib.Path(directory), 0, {
+    checkpoint_zoo.write_atomically(pathlib.Path(directory), 0, {
         "params": ocp.args.StandardSave(nnx.state(model, nnx.Param)),
         "info": ocp.args.JsonSave({**info, "recipe": recipe.to_dict()}),
         "timing": ocp.args.JsonSave(timing)})

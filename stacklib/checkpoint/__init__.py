@@ -23,6 +23,8 @@ runs with both. The pieces, one file each:
   multitier.py   two tiers (Orbax's emergency checkpointing): frequent local saves, rare
                  persistent ones, restore from the newest intact copy, a save on SIGTERM
   sharded.py     one step written by several processes: each its own shards, one commits
+  zoo.py         a model cache the book's zoos share: built once per machine in a fixed
+                 process (1 CPU device, 1 core), locked, written atomically, rebuilt if corrupt
 
 Differences from orbax (each file lists its own): one process per manager (several
 processes save together only through `sharded.save_sharded_step`); our own on-disk

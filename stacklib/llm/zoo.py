@@ -9,55 +9,34 @@ parameters; later calls, in any process, load them in a second:
     model = stacklib.llm.zoo.load_model_dir(folder)   # a folder in the zoo's format (the engine's)
 
 The cache is `$STACKLIB_CACHE/llm/<name>/` (default `~/.cache/stacklib/llm/<name>/`).
-Three things can go wrong with a cache, and all are handled:
+The protocol is `stacklib.checkpoint.zoo`'s, shared by every zoo (its docstring explains
+it): trained in a fresh process with one CPU device and one core, so the files are the same
+whoever asks first; serialised by an exclusive lock, so training happens once; written
+atomically and checksummed; a cache that fails to load is deleted and rebuilt with a
+warning. This file holds what is particular to language models: the zoo's configs, and
+how to build and load a `Transformer`.
 
-* **The files depend on who built them.** XLA's CPU code rounds differently under 8
-  simulated devices than under 1, and on one core than on two, so a model trained in
-  whichever process asks first would differ from machine to machine. Training always
-  runs in a fresh process with one CPU device and one core (zoo_build.py), and every
-  caller, the first included, loads the files it wrote.
-
-* **Two processes ask at once** (the test suite runs notebooks in parallel). An
-  exclusive lock on `<name>.lock` (`fcntl.flock`, released by the kernel if the process
-  dies) makes the second wait while the first trains; it then finds the model and loads
-  it. Training happens once.
-* **A partial or corrupt cache** (a process killed mid-write, a damaged file). The model
-  is written into a temporary directory and renamed into place only when complete (an
-  atomic commit, as in chapter 05), and every file carries a CRC-32 (stacklib.checkpoint).
-  A cache that fails to load for any reason (missing, checksum, other shapes) is deleted
-  and rebuilt, with a warning that says why.
-
-Mirrors the shape of `transformers.AutoModel.from_pretrained` (a name in, a model out,
-a local cache keyed by name, an environment variable to move it) with training in place
-of downloading. Differences: no hub, no revisions; the "weights" are a function of this
-library's code and this Python's standard library, so a cache is only valid on the
-CPU instruction set that made it (copy it elsewhere at your own risk).
+Differences from `transformers.AutoModel.from_pretrained`, whose shape it mirrors: no hub,
+no revisions; the "weights" are a function of this library's code and this Python's
+standard library, so a cache is only valid on the CPU instruction set that made it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import pathlib
-import shutil
-import sys
-import uuid
-import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
-from stacklib.llm import train, zoo_build
+from stacklib.checkpoint.zoo import CACHE_ENV as CACHE_ENV  # re-exported: tests and users set it
+from stacklib.checkpoint.zoo import cache_root, load_or_build, write_atomically
+from stacklib.llm import train
 from stacklib.llm.config import MODEL_KEYS, Config, load_config
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
-
-CACHE_ENV = "STACKLIB_CACHE"
-T = TypeVar("T")
 
 # name -> the settings that differ from configs/base.yml. Each trains in about a minute
 # on an idle 2-core CPU.
@@ -75,8 +54,7 @@ def register(name: str, **overrides: Any) -> None:
 
 def cache_dir() -> pathlib.Path:
     """Where trained models are kept: `$STACKLIB_CACHE/llm`, default `~/.cache/stacklib/llm`."""
-    base = os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "stacklib"
-    return pathlib.Path(base) / "llm"
+    return cache_root() / "llm"
 
 
 def zoo_config(name: str) -> Config:
@@ -89,62 +67,6 @@ def zoo_config(name: str) -> Config:
         raise KeyError(f"No model {name!r} in the zoo; choose one of {sorted(ZOO)}, or "
                        "stacklib.llm.zoo.register(name, **config_overrides) a new one.")
     return load_config(None, **{**ZOO[name], "progress": False, "checkpoint_dir": "", "metrics_file": ""})
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks while another process holds it
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
-                  build: str, request: dict[str, Any]) -> T:
-    """The cache protocol every zoo shares: `load(directory)`, building it once first if needed.
-
-    Under an exclusive lock on `<directory>.lock`: delete the partial writes a killed process
-    left behind, then load `directory` if it exists; if it cannot be loaded for any reason,
-    delete it with a warning that says why. If there is nothing to load, run `build`
-    ("module:function", called as `function(directory=..., **request)`) in the fixed build
-    process of zoo_build.py, then load what it wrote: the first caller gets the same model,
-    from the same files, as every later one. `build` must write `directory` atomically (into
-    a temporary name, renamed into place when complete).
-    """
-    root, key = directory.parent, directory.name
-    with _exclusive(root / f"{key}.lock"):
-        for leftover in root.glob(f"{key}.partial-*"):  # from a process killed mid-write
-            shutil.rmtree(leftover, ignore_errors=True)
-        if directory.exists():
-            try:
-                return load(directory)
-            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
-                warnings.warn(f"The cached model {key!r} in {directory} cannot be loaded "
-                              f"({type(error).__name__}: {error}); training it again.", stacklevel=3)
-                shutil.rmtree(directory)
-        if not zoo_build.in_builder():
-            print(f"Training {key!r} once for this machine (in a fresh process: 1 CPU device, 1 core); "
-                  f"it will be cached in {directory}.", file=sys.stderr, flush=True)
-        zoo_build.run(build, {"directory": str(directory), **request})
-        return load(directory)
-
-
-def write_atomically(directory: pathlib.Path, step: int, items: dict[str, Any]) -> None:
-    """Save `items` (name -> `ocp.args` save argument) as checkpoint `step` of a new `directory`.
-
-    Written into a temporary sibling and renamed into place when complete, so a reader
-    sees the whole model or none of it. The step's build configuration is saved with it.
-    """
-    staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
-    manager = ocp.CheckpointManager(staging, options=ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=False))
-    manager.save(step, args=ocp.args.Composite(
-        **items, built_with=ocp.args.JsonSave(zoo_build.build_configuration())))
-    manager.close()
-    os.replace(staging, directory)  # directory does not exist here: the rename is atomic
 
 
 def _abstract_params(config: Config) -> tuple[nnx.GraphDef, Any]:
@@ -184,7 +106,7 @@ def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -
 def build(directory: str, config: dict[str, Any]) -> None:
     """Train the model of `config` (a full `Config` dict) and write it into `directory`.
 
-    Run by zoo_build.py in the fixed build process; call `pretrained` instead.
+    Run by stacklib.checkpoint.zoo in the fixed build process; call `pretrained` instead.
     """
     config = load_config(None, **config)
     result = train.train(config)

@@ -1,0 +1,180 @@
+"""One configuration for a diffusion training run: a dataclass, a YAML base file, overrides.
+
+Mirrors MaxDiffusion's configuration (`src/maxdiffusion/configs/base_xl.yml` and friends
+plus `key=value` overrides on the command line of `python -m src.maxdiffusion.train
+CONFIG key=value`) and chapter 12's `stacklib.llm.config`, which mirrors MaxText's: one flat
+file names every setting, a run changes a few of them.
+
+    config = load_config(None, "steps=300", "objective=ddpm")     # configs/base.yml + overrides
+    config = config.replace(d_model=64)
+
+Every key is checked before anything is built: an unknown key (with the closest valid
+ones), a value of the wrong type, and settings that cannot work together. Each error
+names the setting and the fix.
+
+Differences from MaxDiffusion: ~30 keys instead of hundreds; no pretrained model path, no
+text encoder, VAE or resolution buckets (we train a class-conditional DiT on pixels); no
+mesh keys (the model is small enough for one device; chapter 12 shows the sharded loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import pathlib
+from typing import Any
+
+import yaml
+
+from stacklib.diffusion.model import DiTConfig
+from stacklib.diffusion.objectives import OBJECTIVES
+from stacklib.diffusion.schedules import BETA_SCHEDULES
+
+BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
+
+
+class ConfigError(ValueError):
+    """A configuration key, value or combination that cannot work; the message says the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of a run; `configs/base.yml` says what each one means."""
+
+    image_size: int = 8
+    patch_size: int = 2
+    d_model: int = 32
+    n_layers: int = 3
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    frequency_dim: int = 64
+    objective: str = "flow"
+    num_train_timesteps: int = 1000
+    beta_schedule: str = "squaredcos_cap_v2"
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+    label_dropout: float = 0.1
+    batch_size: int = 64
+    heldout_every: int = 6
+    data_seed: int = 0
+    steps: int = 1500
+    learning_rate: float = 3e-3
+    warmup_steps: int = 100
+    end_learning_rate_fraction: float = 0.05
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    seed: int = 0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 500
+    max_to_keep: int = 2
+    log_every: int = 100
+    progress: bool = True
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value, expected = getattr(self, field.name), type(field.default)
+            if expected is float and type(value) is int:
+                object.__setattr__(self, field.name, float(value))  # `learning_rate: 1` means 1.0
+            elif type(value) is not expected:
+                raise ConfigError(f"{field.name}={value!r} has type {type(value).__name__}; it must be "
+                                  f"{expected.__name__} (default {field.default!r}).")
+        _check(self)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some settings changed (unknown names are refused)."""
+        _check_keys(changes)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def model(self) -> DiTConfig:
+        """The architecture part: what a checkpoint's shapes depend on."""
+        return DiTConfig(image_size=self.image_size, patch_size=self.patch_size, d_model=self.d_model,
+                         n_layers=self.n_layers, n_heads=self.n_heads, mlp_ratio=self.mlp_ratio,
+                         frequency_dim=self.frequency_dim)
+
+
+KEYS = tuple(field.name for field in dataclasses.fields(Config))
+
+
+def _check_keys(keys) -> None:
+    for key in keys:
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"Unknown config key {key!r}.{hint} Valid keys: {', '.join(KEYS)}.")
+
+
+def _check(c: Config) -> None:
+    """Settings that are each fine but cannot work together."""
+    for name in ("image_size", "patch_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "batch_size",
+                 "steps", "heldout_every", "checkpoint_every", "max_to_keep", "log_every",
+                 "num_train_timesteps"):
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name}={getattr(c, name)} must be at least 1.")
+    if c.objective not in OBJECTIVES:
+        raise ConfigError(f"objective={c.objective!r} is not one of {', '.join(OBJECTIVES)}.")
+    if c.beta_schedule not in BETA_SCHEDULES:
+        raise ConfigError(f"beta_schedule={c.beta_schedule!r} is not one of {', '.join(BETA_SCHEDULES)}.")
+    if not 0.0 <= c.label_dropout < 1.0:
+        raise ConfigError(f"label_dropout={c.label_dropout} must be in [0, 1): the share of labels dropped "
+                          "for classifier-free guidance (0 trains no unconditional model).")
+    if c.image_size != 8:
+        raise ConfigError(f"image_size={c.image_size}: the digits are 8x8 images; keep image_size=8.")
+    try:
+        DiTConfig(image_size=c.image_size, patch_size=c.patch_size, d_model=c.d_model, n_heads=c.n_heads)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _value(key: str, text: Any) -> Any:
+    """A YAML value for `key`: `1e-3` (a string to YAML 1.1) is a number for a float key, "" for null."""
+    if text is None:
+        return ""
+    expected = type(Config.__dataclass_fields__[key].default)
+    if expected is float and isinstance(text, str):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def parse_overrides(overrides) -> dict[str, Any]:
+    """`["steps=300", "objective=ddpm"]` -> `{"steps": 300, "objective": "ddpm"}`, keys checked."""
+    parsed = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"Override {item!r} is not of the form key=value, e.g. steps=300.")
+        _check_keys([key])
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{key}={text!r}: cannot read the value ({error}).") from None
+        is_text = isinstance(Config.__dataclass_fields__[key].default, str)
+        parsed[key] = text if is_text else _value(key, value)  # `checkpoint_dir=123` is a name
+    return parsed
+
+
+def load_config(path: str | pathlib.Path | None = None, *overrides: str, **changes: Any) -> Config:
+    """The config in the YAML file `path` (default: configs/base.yml), with overrides applied.
+
+    Raises:
+      ConfigError: an unknown key (the message lists the valid ones), a value of the
+        wrong type, or settings that cannot work together.
+    """
+    path = pathlib.Path(path) if path is not None else BASE_CONFIG
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold flat `key: value` lines, got a {type(values).__name__}.")
+    _check_keys(values)
+    values = {key: _value(key, value) for key, value in values.items()}
+    values.update(parse_overrides(overrides))
+    _check_keys(changes)
+    return Config(**{**values, **changes})
