@@ -7,7 +7,7 @@ the subset and the differences), so the same user code runs against both:
     import stacklib.optim as optax    # ours
 
 Layers (a module imports only from layers below it):
-  0  hw, grading, transforms
+  0  hw, grading, transforms, flat_config
   1  nn, optim, data, checkpoint, compile, profile, http
   2  parallel, kernels, quant
   3  llm, diffusion

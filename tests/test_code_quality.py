@@ -13,7 +13,7 @@ from conftest import ROOT
 # sit on top, like tests, and may import anything.
 ON_TOP = {"cases", "examples"}
 LAYERS = {
-    "hw": 0, "grading": 0, "transforms": 0,
+    "hw": 0, "grading": 0, "transforms": 0, "flat_config": 0,
     "nn": 1, "optim": 1, "data": 1, "checkpoint": 1, "compile": 1, "profile": 1, "http": 1,
     "parallel": 2, "kernels": 2, "quant": 2,
     "llm": 3, "diffusion": 3,

@@ -107,7 +107,7 @@ def test_the_command_line_trains_and_refuses_mistakes_with_exit_2(capsys):
     assert train.main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 40 and len(summary["losses"]) == 4
-    for argv, words in [([], "nothing to train"), (["--steps", "3"], "write steps=VALUE instead of --steps"),
+    for argv, words in [([], "nothing to train"), (["--steps", "3"], "write steps=3 instead of --steps 3"),
                         (["stepz=3"], "Did you mean steps?"), (["missing.yml"], "config file 'missing.yml'")]:
         with pytest.raises(SystemExit) as exit_info:
             train.main(argv)

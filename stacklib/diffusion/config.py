@@ -11,6 +11,8 @@ file names every setting, a run changes a few of them.
 Every key is checked before anything is built: an unknown key (with the closest valid
 ones), a value of the wrong type, and settings that cannot work together. Each error
 names the setting and the fix.
+The reading and the per-key checks are `stacklib.flat_config`'s (shared with chapter 12's
+config); this module holds the settings and the checks across them.
 
 Differences from MaxDiffusion: ~30 keys instead of hundreds; no pretrained model path, no
 text encoder, VAE or resolution buckets (we train a class-conditional DiT on pixels); no
@@ -20,26 +22,21 @@ mesh keys (the model is small enough for one device; chapter 12 shows the sharde
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import pathlib
-from typing import Any
-
-import yaml
 
 from stacklib.diffusion.model import DiTConfig
 from stacklib.diffusion.objectives import OBJECTIVES
 from stacklib.diffusion.schedules import BETA_SCHEDULES
+from stacklib.flat_config import ConfigError, FlatConfig
 
 BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
 
 
-class ConfigError(ValueError):
-    """A configuration key, value or combination that cannot work; the message says the fix."""
-
-
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(FlatConfig):
     """Every setting of a run; `configs/base.yml` says what each one means."""
+
+    base_file = BASE_CONFIG
 
     image_size: int = 8
     patch_size: int = 2
@@ -70,23 +67,8 @@ class Config:
     log_every: int = 100
     progress: bool = True
 
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value, expected = getattr(self, field.name), type(field.default)
-            if expected is float and type(value) is int:
-                object.__setattr__(self, field.name, float(value))  # `learning_rate: 1` means 1.0
-            elif type(value) is not expected:
-                raise ConfigError(f"{field.name}={value!r} has type {type(value).__name__}; it must be "
-                                  f"{expected.__name__} (default {field.default!r}).")
+    def check(self) -> None:
         _check(self)
-
-    def replace(self, **changes: Any) -> Config:
-        """A copy with some settings changed (unknown names are refused)."""
-        _check_keys(changes)
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     @property
     def model(self) -> DiTConfig:
@@ -94,17 +76,6 @@ class Config:
         return DiTConfig(image_size=self.image_size, patch_size=self.patch_size, d_model=self.d_model,
                          n_layers=self.n_layers, n_heads=self.n_heads, mlp_ratio=self.mlp_ratio,
                          frequency_dim=self.frequency_dim)
-
-
-KEYS = tuple(field.name for field in dataclasses.fields(Config))
-
-
-def _check_keys(keys) -> None:
-    for key in keys:
-        if key not in KEYS:
-            close = difflib.get_close_matches(key, KEYS, n=3)
-            hint = f" Did you mean {' or '.join(close)}?" if close else ""
-            raise ConfigError(f"Unknown config key {key!r}.{hint} Valid keys: {', '.join(KEYS)}.")
 
 
 def _check(c: Config) -> None:
@@ -129,52 +100,9 @@ def _check(c: Config) -> None:
         raise ConfigError(str(error)) from None
 
 
-def _value(key: str, text: Any) -> Any:
-    """A YAML value for `key`: `1e-3` (a string to YAML 1.1) is a number for a float key, "" for null."""
-    if text is None:
-        return ""
-    expected = type(Config.__dataclass_fields__[key].default)
-    if expected is float and isinstance(text, str):
-        try:
-            return float(text)
-        except ValueError:
-            return text
-    return text
+parse_overrides = Config.parse_overrides
+"""`["steps=300", "objective=ddpm"]` -> `{"steps": 300, "objective": "ddpm"}`, keys checked."""
 
-
-def parse_overrides(overrides) -> dict[str, Any]:
-    """`["steps=300", "objective=ddpm"]` -> `{"steps": 300, "objective": "ddpm"}`, keys checked."""
-    parsed = {}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"Override {item!r} is not of the form key=value, e.g. steps=300.")
-        _check_keys([key])
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{key}={text!r}: cannot read the value ({error}).") from None
-        is_text = isinstance(Config.__dataclass_fields__[key].default, str)
-        parsed[key] = text if is_text else _value(key, value)  # `checkpoint_dir=123` is a name
-    return parsed
-
-
-def load_config(path: str | pathlib.Path | None = None, *overrides: str, **changes: Any) -> Config:
-    """The config in the YAML file `path` (default: configs/base.yml), with overrides applied.
-
-    Raises:
-      ConfigError: an unknown key (the message lists the valid ones), a value of the
-        wrong type, or settings that cannot work together.
-    """
-    path = pathlib.Path(path) if path is not None else BASE_CONFIG
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path} must hold flat `key: value` lines, got a {type(values).__name__}.")
-    _check_keys(values)
-    values = {key: _value(key, value) for key, value in values.items()}
-    values.update(parse_overrides(overrides))
-    _check_keys(changes)
-    return Config(**{**values, **changes})
+load_config = Config.load
+"""`load_config(path=None, *overrides, **changes)`: the YAML file `path` (default: configs/base.yml)
+read into a validated `Config`, `"key=value"` overrides applied; see `FlatConfig.load`."""

@@ -35,7 +35,7 @@ import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 import stacklib.optim as optax
 from stacklib.diffusion import data, objectives, schedules
-from stacklib.diffusion.config import BASE_CONFIG, Config, ConfigError, load_config
+from stacklib.diffusion.config import Config
 from stacklib.diffusion.model import DiT
 
 
@@ -162,30 +162,13 @@ def _parser() -> argparse.ArgumentParser:
                     "as MaxDiffusion's train.py does: a YAML file (default: the base config) and key=value "
                     "overrides.",
         epilog=f"example: {USAGE_EXAMPLE}\n\nkeys (see stacklib/diffusion/configs/base.yml): "
-               + ", ".join(f.name for f in dataclasses.fields(Config)),
+               + ", ".join(Config.keys()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def parse_command_line(argv: list[str]) -> Config:
     """The config a command line asks for; a mistake exits with status 2 and one message naming the fix."""
-    parser = _parser()
-    parser.parse_known_args(argv)  # --help prints the usage and exits
-    option = next((item for item in argv if item.startswith("-")), None)
-    if option is not None:
-        key, _, value = option.lstrip("-").replace("-", "_").partition("=")
-        parser.error(f"settings are key=value, not options: write {key}={value or 'VALUE'} "
-                     f"instead of {option}.")
-    if not argv:
-        parser.error(f"nothing to train: give a config file and/or key=value overrides, e.g. {USAGE_EXAMPLE}")
-    items = list(argv)
-    path = items.pop(0) if "=" not in items[0] else None
-    if path is not None and not pathlib.Path(path).is_file():
-        parser.error(f"config file {path!r} not found (and it is not a key=value override). The base config "
-                     f"is {BASE_CONFIG}.")
-    try:
-        return load_config(path, *items)
-    except ConfigError as error:
-        parser.error(str(error))
+    return Config.from_command_line(argv, _parser(), USAGE_EXAMPLE)
 
 
 def main(argv: list[str] | None = None) -> int:

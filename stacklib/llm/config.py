@@ -11,6 +11,8 @@ What MaxText's pyconfig checks, this module checks too, before anything is built
 that does not exist (a typo would otherwise silently train the default), a value of the
 wrong type, and settings that cannot work together (heads that do not divide the mesh, a
 sequence longer than the model's maximum). Each error names the setting and the fix.
+The reading and the per-key checks are `stacklib.flat_config`'s (shared with chapter 17's
+diffusion config); this module holds the settings and the checks across them.
 
 Differences from MaxText: a single dataclass with ~40 keys instead of several hundred;
 no derived "base_" scaling keys, no per-model YAML inheritance (`model_name=`), no
@@ -21,12 +23,9 @@ environment-variable overrides; the global batch is `batch_size`, not
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import pathlib
-from collections.abc import Iterable, Mapping
-from typing import Any
 
-import yaml
+from stacklib.flat_config import ConfigError, FlatConfig
 
 BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
 
@@ -34,13 +33,11 @@ BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
 ATTENTION_CHOICES = ("auto", "xla", "xla_chunked", "pallas", "cudnn")
 
 
-class ConfigError(ValueError):
-    """A configuration key, value or combination that cannot work; the message says the fix."""
-
-
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(FlatConfig):
     """Every setting of a run; see `configs/base.yml` for what each one means."""
+
+    base_file = BASE_CONFIG
 
     # Model
     vocab_size: int = 256
@@ -92,26 +89,8 @@ class Config:
     peak_flops: float = 0.0
     progress: bool = True
 
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            expected = _TYPES[field.name]
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, field.name, float(value))  # `lr: 1` means 1.0
-            elif not _is_type(value, expected):
-                raise ConfigError(
-                    f"{field.name}={value!r} has type {type(value).__name__}; it must be "
-                    f"{expected.__name__} (default {field.default!r})."
-                )
+    def check(self) -> None:
         _check(self)
-
-    def replace(self, **changes: Any) -> Config:
-        """A copy with some settings changed (unknown names are refused, as in `load_config`)."""
-        _check_keys(changes)
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -132,24 +111,6 @@ MODEL_KEYS = (
 )
 """The settings that decide the parameters' shapes and meaning: a checkpoint fits only a
 model with the same values. (`attention`, `remat` change how it is computed, not what.)"""
-
-_TYPES: dict[str, type] = {field.name: type(field.default) for field in dataclasses.fields(Config)}
-
-
-def _is_type(value: Any, expected: type) -> bool:
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, expected)
-
-
-def _check_keys(keys: Iterable[str]) -> None:
-    for key in keys:
-        if key not in _TYPES:
-            close = difflib.get_close_matches(key, _TYPES, n=3)
-            hint = f" Did you mean {' or '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"Unknown config key {key!r}.{hint} Valid keys: {', '.join(_TYPES)}."
-            )
 
 
 def _check(c: Config) -> None:
@@ -260,67 +221,9 @@ def _check_local_tier(c: Config) -> None:
         )
 
 
-def _parse_value(key: str, text: str) -> Any:
-    """A command-line value, read as YAML would read it (`true`, `3`, `0.1`, `dense`)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{key}={text!r}: cannot read the value ({error}).") from None
-    if value is None:
-        value = ""  # `checkpoint_dir=` means the empty string
-    if _TYPES[key] is str and not isinstance(value, str):
-        value = text  # `metrics_file=123` is a name, not a number
-    return _yaml_float(key, value)
+parse_overrides = Config.parse_overrides
+"""`["steps=300", "remat=true"]` -> `{"steps": 300, "remat": True}`, keys checked."""
 
-
-def _yaml_float(key: str, value: Any) -> Any:
-    """YAML 1.1 reads `1e-3` (no dot) as a string; a float setting takes it as the number."""
-    if _TYPES.get(key) is float and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
-
-
-def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """`["steps=300", "remat=true"]` -> `{"steps": 300, "remat": True}`, keys checked."""
-    parsed = {}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"Override {item!r} is not of the form key=value, e.g. steps=300.")
-        _check_keys([key])
-        parsed[key] = _parse_value(key, text)
-    return parsed
-
-
-def load_config(path: str | pathlib.Path | None = None, *overrides: str,
-                **changes: Any) -> Config:
-    """The config in the YAML file `path` (default: the base file), with overrides applied.
-
-    Args:
-      path: a flat YAML file of `key: value` lines; every key must be a `Config` field.
-      *overrides: `"key=value"` strings, as on the command line; later ones win.
-      **changes: the same, as Python values (`load_config(steps=10)`).
-
-    Returns:
-      A validated, frozen `Config`.
-
-    Raises:
-      ConfigError: an unknown key (the message lists the valid ones), a value of the
-        wrong type, or settings that cannot work together.
-    """
-    path = pathlib.Path(path) if path is not None else BASE_CONFIG
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{path} must hold flat `key: value` lines, got a {type(values).__name__}.")
-    _check_keys(values)
-    values = {key: ("" if value is None else _yaml_float(key, value)) for key, value in values.items()}
-    values.update(parse_overrides(overrides))
-    _check_keys(changes)
-    values.update(changes)
-    return Config(**values)
+load_config = Config.load
+"""`load_config(path=None, *overrides, **changes)`: the YAML file `path` (default: the base
+file) read into a validated `Config`, `"key=value"` overrides applied; see `FlatConfig.load`."""

@@ -69,7 +69,7 @@ import stacklib.optim as optax
 from stacklib import compile as compile_tools
 from stacklib import parallel, profile
 from stacklib.llm import data, multihost, pipeline
-from stacklib.llm.config import BASE_CONFIG, MODEL_KEYS, Config, ConfigError, load_config
+from stacklib.llm.config import MODEL_KEYS, Config, ConfigError
 from stacklib.llm.model import Transformer
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -591,7 +591,7 @@ def _command_line_parser() -> argparse.ArgumentParser:
         description="Train a decoder-only language model from one flat config, as MaxText's train.py "
                     "does: a YAML file (default: the base config) and key=value overrides.",
         epilog=f"example: {USAGE_EXAMPLE}\n\nkeys (see stacklib/llm/configs/base.yml): "
-               + ", ".join(f.name for f in dataclasses.fields(Config)),
+               + ", ".join(Config.keys()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 
@@ -602,28 +602,7 @@ def parse_command_line(argv: list[str]) -> Config:
     A run needs at least one argument (a config file or an override): with none, the
     command prints its usage instead of silently starting a minutes-long default run.
     """
-    parser = _command_line_parser()
-    parser.parse_known_args(argv)  # --help prints the usage and exits
-    items = list(argv)
-    options = [index for index, item in enumerate(items) if item.startswith("-")]
-    if options:
-        option = items[options[0]]
-        key, _, value = option.lstrip("-").replace("-", "_").partition("=")
-        following = items[options[0] + 1:options[0] + 2]
-        if not value and following and "=" not in following[0]:
-            option, value = f"{option} {following[0]}", following[0]
-        parser.error(f"settings are key=value, not options: write {key}={value or 'VALUE'} "
-                     f"instead of {option}.")
-    if not items:
-        parser.error(f"nothing to train: give a config file and/or key=value overrides, e.g. {USAGE_EXAMPLE}")
-    path = items.pop(0) if "=" not in items[0] else None
-    if path is not None and not pathlib.Path(path).is_file():
-        parser.error(f"config file {path!r} not found (and it is not a key=value override). The base config "
-                     f"is {BASE_CONFIG}.")
-    try:
-        return load_config(path, *items)
-    except ConfigError as error:
-        parser.error(str(error))
+    return Config.from_command_line(argv, _command_line_parser(), USAGE_EXAMPLE)
 
 
 def main(argv: list[str] | None = None) -> int:
