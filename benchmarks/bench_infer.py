@@ -16,7 +16,10 @@ steps) are counted too: they do not depend on the machine's load.
 
 Then a Poisson arrival load (requests arrive at random, `RATE` per second on average)
 gives time-to-first-token (arrival -> first token) and time-per-output-token (the rest
-of the tokens) at p50 and p99. A plot of both goes to `_build/bench/infer.png`.
+of the tokens) at p50 and p99, twice: with the default token budget (a whole prompt runs in
+the step that admits it) and with `CHUNKED_BUDGET` tokens per step (a longer prompt is
+pre-filled in chunks, sharing its steps with the running sequences' decodes). A plot of
+both goes to `_build/bench/infer.png`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from stacklib.infer import LLM, SamplingParams
 
 PLOT = pathlib.Path(__file__).resolve().parents[1] / "_build" / "bench" / "infer.png"
 MAX_NUM_SEQS, BLOCK_SIZE = 16, 8
+CHUNKED_BUDGET = 32  # tokens per step in the chunked-prefill run: 16 decodes + a 16-token chunk
 REPEATS = 3  # runs of each way, interleaved; the median time is reported (the machine is shared)
 
 
@@ -52,12 +56,12 @@ def _params(max_tokens: int) -> SamplingParams:
 def _run(engine: LLM, groups: list[list[tuple[list[int], int]]]) -> tuple[float, int, int]:
     """Serve each group to completion in turn: (seconds, output tokens, model calls)."""
     runner = engine.llm_engine.runner
-    calls_before = sum(runner.num_calls.values())
+    calls_before = runner.num_steps
     start, tokens = time.perf_counter(), 0
     for group in groups:
         outputs = engine.generate([{"prompt_token_ids": p} for p, _ in group], [_params(m) for _, m in group])
         tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
-    return time.perf_counter() - start, tokens, sum(runner.num_calls.values()) - calls_before
+    return time.perf_counter() - start, tokens, runner.num_steps - calls_before
 
 
 def poisson_latencies(engine: LLM, requests, rate: float, seed: int = 1) -> dict[str, float]:
@@ -114,10 +118,15 @@ def main(scale: float = 1.0) -> None:
     print(f"continuous batching speed: {speed:.2f}x sequential ({verdict} the target of ≥ 3×), "
           f"{static:.2f}x static batching")
     rate = 40.0
-    latencies = poisson_latencies(batched, requests, rate)
-    print(f"Poisson arrivals at {rate:.0f} requests/s: TTFT p50 {latencies['ttft_p50']:.1f} ms, "
-          f"p99 {latencies['ttft_p99']:.1f} ms; TPOT p50 {latencies['tpot_p50']:.2f} ms, "
-          f"p99 {latencies['tpot_p99']:.2f} ms")
+    chunked = LLM(model, max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE, enable_prefix_caching=False,
+                  max_num_batched_tokens=CHUNKED_BUDGET)
+    latencies = {}
+    for name, engine in ((f"budget {batched.llm_engine.config.max_num_batched_tokens}", batched),
+                         (f"budget {CHUNKED_BUDGET} (chunked prefill)", chunked)):
+        latencies[name] = found = poisson_latencies(engine, requests, rate)
+        print(f"Poisson arrivals at {rate:.0f} requests/s, {name}: TTFT p50 {found['ttft_p50']:.1f} ms, "
+              f"p99 {found['ttft_p99']:.1f} ms; TPOT p50 {found['tpot_p50']:.2f} ms, "
+              f"p99 {found['tpot_p99']:.2f} ms")
     _plot(results, latencies, rate)
 
 
@@ -131,8 +140,12 @@ def _plot(results, latencies, rate) -> None:
     left.barh(list(results), [tokens / seconds for seconds, tokens, _ in results.values()])
     left.set(xlabel="output tokens / s", title="throughput (median of runs)")
     names = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"]
-    right.bar(names, [latencies[n] for n in names])
+    width = 0.8 / len(latencies)
+    for i, (label, found) in enumerate(latencies.items()):
+        right.bar(np.arange(len(names)) + i * width, [found[n] for n in names], width, label=label)
+    right.set_xticks(np.arange(len(names)) + width * (len(latencies) - 1) / 2, names)
     right.set(ylabel="ms", title=f"latency, Poisson arrivals at {rate:.0f}/s")
+    right.legend()
     fig.tight_layout()
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT, dpi=100)

@@ -20,6 +20,7 @@ from stacklib.infer import LLM, EngineConfig, LLMEngine, SamplingParams
 from stacklib.infer.block_pool import NULL_BLOCK, BlockPool, KVCacheManager, hash_block_tokens
 from stacklib.infer.quantization import quantize_weights, weight_bytes
 from stacklib.infer.sampling_params import filter_probs
+from stacklib.infer.scheduler import Scheduler, Sequence, SequenceStatus
 
 SHARED = "import os\nimport sys\n\n\ndef main("  # 32 bytes: 8 full blocks of 4, shared by prompts 0, 2, 5
 PROMPTS = [SHARED + "):\n", "def main(", SHARED + "argv", "class Foo:\n    def __init__(self",
@@ -104,6 +105,34 @@ def test_prefix_caching_reuses_blocks_and_changes_no_token(model, reference):
             assert hits[2] == len(SHARED) == 32 and hits[0] == 32 and hits[1] == 0
         else:
             assert hits == [0] * len(PROMPTS)
+
+
+def test_a_step_mixes_decodes_with_a_prompt_chunk_under_the_token_budget():
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, block_size=4).resolve(128)
+    scheduler = Scheduler(config, eos_id=0)
+    params = SamplingParams(max_tokens=4)
+    short, long = (Sequence(name, name, 0, list(range(1, n + 1)), params, np.random.default_rng(0))
+                   for name, n in (("short", 3), ("long", 20)))
+    scheduler.add(short)
+    assert [(s.seq_id, n) for s, n in scheduler.schedule().scheduled] == [("short", 3)]
+    scheduler.update_from_output(short, 3, 7)  # its prompt done: a token sampled
+    scheduler.add(long)
+    steps = []
+    while long.num_computed_tokens < len(long.prompt_token_ids):
+        work = scheduler.schedule()
+        steps.append([(s.seq_id, n) for s, n in work.scheduled])
+        for seq, n in work.scheduled:
+            done = seq.num_computed_tokens + n == seq.num_tokens
+            scheduler.update_from_output(seq, n, 7 if done else None)
+    # One decode token for the short sequence, the rest of the budget for the long prompt's chunks.
+    assert steps == [[("short", 1), ("long", 7)], [("short", 1), ("long", 7)], [("short", 1), ("long", 6)]]
+    assert short.status is SequenceStatus.FINISHED  # max_tokens=4 reached at the third step
+
+
+def test_chunked_prefill_gives_the_same_greedy_tokens(model, reference):
+    chunked = LLM(model, max_num_seqs=8, block_size=4, max_num_batched_tokens=8)
+    outputs = chunked.generate(PROMPTS, [_greedy(n) for n in MAX_TOKENS])
+    assert [o.outputs[0].token_ids for o in outputs] == reference
 
 
 def test_preemption_by_recomputation_finishes_every_request(model, reference):

@@ -246,19 +246,16 @@ def test_a_paged_cache_gives_the_contiguous_caches_logits_through_the_same_forwa
     table = jnp.array([[5, 2, 7, 0]])  # the sequence's blocks, scattered over a pool of 8
     slots = table[0, positions // block_size] * block_size + positions % block_size  # (1, 7)
     pool = jnp.zeros((config.n_layers, 8, block_size, config.n_kv_heads, config.head_dim))
-    paged = PagedKVCache.for_step(pool, pool, positions, slots, table, jnp.array([6]))
+    paged = PagedKVCache(pool, pool, table, slots, jnp.array([7]), jnp.array([0, 7]))
     logits, paged = forward(model, prompt, positions, paged)
     contiguous, cache = forward(model, prompt, positions, KVCache.zeros(config, 1, 16))
     np.testing.assert_allclose(logits, contiguous, atol=1e-5)
-    # A decode step at position 7 (slot 3 of block 2) reads the six keys the prefill wrote.
-    step = PagedKVCache.for_step(paged.k, paged.v, jnp.array([[7]]), jnp.array([[2 * block_size + 3]]),
-                                 table, jnp.array([0]))
+    # A decode step at position 7 (slot 3 of block 2) reads the seven keys the prefill wrote.
+    step = PagedKVCache(paged.k, paged.v, table, jnp.array([[2 * block_size + 3]]), jnp.array([8]),
+                        jnp.array([0, 1]))
     decoded, _ = forward(model, prompt[:, :1], jnp.array([[7]]), step)
     expected, _ = forward(model, prompt[:, :1], jnp.array([[7]]), cache)
     np.testing.assert_allclose(decoded, expected, atol=1e-5)
-    with pytest.raises(ValueError, match=r"one prompt \(B = 1\) or a decode batch \(T = 1\)"):
-        PagedKVCache.for_step(pool, pool, jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3), jnp.int32),
-                              jnp.zeros((2, 4), jnp.int32), jnp.array([2, 2]))
 
 
 # -- FLOPs ------------------------------------------------------------------------------------

@@ -175,14 +175,15 @@ class KVCacheManager:
         self.block_tables[seq_id] = list(computed_blocks) + new
         return self.block_tables[seq_id]
 
-    def append_slot(self, seq_id: str, num_tokens: int) -> bool:
-        """Make room for a sequence that now has `num_tokens` tokens; False if no block is free."""
+    def append_slots(self, seq_id: str, num_tokens: int) -> bool:
+        """Make room for `num_tokens` tokens of a sequence: all the blocks that takes, or none (False)."""
         table = self.block_tables[seq_id]
-        if num_tokens <= len(table) * self.block_size:
+        needed = self.blocks_needed(num_tokens, len(table))
+        if needed <= 0:
             return True
-        if self.pool.num_free_blocks == 0:
+        if needed > self.pool.num_free_blocks:
             return False
-        table.extend(self.pool.get_new_blocks(1))
+        table.extend(self.pool.get_new_blocks(needed))
         return True
 
     def cache_blocks(self, seq_id: str, tokens: Sequence[int]) -> None:

@@ -27,7 +27,8 @@ QUANTIZATIONS = ("int8", "int4")
 HELP = {
     "max_model_len": "the longest prompt + output (default: the model's max_seq_len)",
     "max_num_seqs": "the most sequences decoded in one step",
-    "max_num_batched_tokens": "the most tokens one step may run (default: max(max_model_len, 512))",
+    "max_num_batched_tokens": "the most tokens one step may run; a longer prompt is pre-filled in chunks "
+                              "(default: max(max_model_len, 512))",
     "block_size": "token slots per KV-cache block",
     "num_gpu_blocks_override": "the KV cache's size in blocks (default: max_num_seqs full sequences)",
     "enable_prefix_caching": "share full prompt blocks between requests",
@@ -75,11 +76,7 @@ class EngineConfig:
         if max_model_len > max_seq_len:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_seq_len={max_seq_len}; "
                              f"use max_model_len<={max_seq_len}.")
-        batched = self.max_num_batched_tokens or max(max_model_len, 512)
-        if batched < max_model_len:
-            raise ValueError(f"max_num_batched_tokens={batched} is smaller than "
-                             f"max_model_len={max_model_len}; "
-                             "without chunked prefill a whole prompt runs in one step, so raise it.")
+        batched = self.max_num_batched_tokens or max(max_model_len, 512)  # a longer prompt is chunked
         blocks_per_seq = -(-max_model_len // self.block_size)
         num_blocks = self.num_gpu_blocks_override or self.max_num_seqs * blocks_per_seq + 1
         if num_blocks - 1 < blocks_per_seq:

@@ -80,7 +80,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.tokenizer.eos_id)
         self.runner = ModelRunner(model, num_blocks=self.config.num_gpu_blocks_override,
                                   block_size=self.config.block_size, max_model_len=self.max_model_len,
-                                  max_num_seqs=self.config.max_num_seqs)
+                                  max_num_seqs=self.config.max_num_seqs,
+                                  max_num_batched_tokens=self.config.max_num_batched_tokens)
         self.requests: dict[str, _Request] = {}
         self._unseeded = itertools.count()
         self.num_steps = 0
@@ -146,12 +147,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def _append(self, seq: Sequence, logits: np.ndarray) -> None:
+    def _append(self, seq: Sequence, num_new: int, logits: np.ndarray) -> None:
         """Sample seq's next token from `logits`, report it, and stop seq at a stop string."""
         params, request = seq.params, self.requests[seq.request_id]
         completion = request.completions[seq.index]
         token = sample_token(logits, params, seq.rng, len(seq.output_token_ids), self.tokenizer.eos_id)
-        stop = self.scheduler.update_from_output(seq, token)  # the token rules: eos, stop ids, lengths
+        stop = self.scheduler.update_from_output(seq, num_new, token)  # eos, stop ids, lengths
         completion.token_ids = list(seq.output_token_ids)
         if params.logprobs is not None:
             logp = log_softmax(logits)
@@ -178,20 +179,17 @@ class LLMEngine:
         """Run one scheduler step; return the outputs of the requests that advanced."""
         work = self.scheduler.schedule()
         touched = set()
-        tables = self.scheduler.kv_cache.block_tables
-        for seq, num_cached in work.prefills:
-            if seq.num_preemptions == 0:
-                seq.num_cached_tokens = num_cached
-            logits = self.runner.prefill(seq.tokens, num_cached, tables[seq.seq_id])
-            self._append(seq, logits)
-            touched.add(seq.request_id)
-        if work.decodes:
-            logits = self.runner.decode(
-                [s.tokens[-1] for s in work.decodes], [s.num_tokens - 1 for s in work.decodes],
-                [tables[s.seq_id] for s in work.decodes])
-            for seq, row in zip(work.decodes, logits, strict=True):
-                self._append(seq, row)
-                touched.add(seq.request_id)
+        if work.scheduled:  # one forward pass: every decode and prefill chunk of the step
+            tables = self.scheduler.kv_cache.block_tables
+            logits = self.runner.execute([
+                (seq.tokens[seq.num_computed_tokens:seq.num_computed_tokens + n], seq.num_computed_tokens,
+                 tables[seq.seq_id]) for seq, n in work.scheduled])
+            for (seq, n), row in zip(work.scheduled, logits, strict=True):
+                if seq.num_computed_tokens + n < seq.num_tokens:  # a prompt chunk: nothing to sample yet
+                    self.scheduler.update_from_output(seq, n, None)
+                else:
+                    self._append(seq, n, row)
+                    touched.add(seq.request_id)
         self.num_steps += 1
         outputs = []
         for request_id in sorted(touched, key=list(self.requests).index):
@@ -204,11 +202,11 @@ class LLMEngine:
     def kv_cache_usage(self) -> dict[str, int]:
         """Slots held by running sequences and the tokens whose keys and values fill them.
 
-        Between steps each running sequence has all its tokens in the cache but the last
-        one sampled, which the next decode step writes.
+        Between steps a running sequence's cache holds its computed tokens: all but the last
+        one sampled, which the next step writes, or the prompt chunks pre-filled so far.
         """
         running = self.scheduler.running
-        tokens = sum(s.num_tokens - 1 for s in running)
+        tokens = sum(s.num_computed_tokens for s in running)
         slots = self.scheduler.kv_cache.num_used_slots()
         return {"slots": slots, "tokens": tokens, "sequences": len(running)}
 

@@ -1,26 +1,28 @@
-"""Continuous batching: which sequences run in the next step.
+"""Continuous batching with chunked prefill: which tokens of which sequences run in the next step.
 
-Each step the scheduler
-  1. gives every running sequence a slot for its next token; when the pool has no free
-     block, it *preempts* the most recently admitted running sequence: frees its blocks
-     and puts it back at the front of the queue, to be recomputed later from its prompt
-     and the tokens it had generated (preemption by recomputation);
-  2. admits waiting sequences, oldest first, while `max_num_seqs`, the step's token
-     budget `max_num_batched_tokens` and the free blocks allow (none after a
-     preemption in the same step: the pool is full).
-Admitted sequences are pre-filled this step; the running ones decode one token. When the
-engine reports a sequence's new token (`update_from_output`), the scheduler checks its stop
+A step has a budget of `max_num_batched_tokens` tokens. Each step the scheduler
+  1. gives every running sequence its next tokens: one to decode, or the next chunk of a
+     prompt still being pre-filled (as many as the budget has left). When the pool has no
+     free block for them, it *preempts* the most recently admitted running sequence:
+     frees its blocks and puts it back at the front of the queue, to be recomputed later
+     from its prompt and the tokens it had generated (preemption by recomputation);
+  2. admits waiting sequences, oldest first, while `max_num_seqs`, the budget and the free
+     blocks allow (none after a preemption in the same step: the pool is full), each with
+     as much of its prompt as the budget has left, after the blocks a prefix cache hit
+     already holds.
+So one step mixes decodes and prefill chunks, and a long prompt is pre-filled over several
+steps without holding up the sequences that are decoding. When the engine reports what a
+step computed (`update_from_output`), the scheduler advances each sequence; a sequence
+whose tokens are all computed gets its sampled token, and the scheduler checks its stop
 rules (end of text, a stop token, `max_tokens`, the context length; the engine checks stop
-*strings*, which need the detokenized text) and a finished sequence leaves at once: its
-slot is taken in the very next step, so the batch never waits for its longest member,
-which is static batching's waste. The scheduler owns the KV-cache manager it allocates
-from.
+*strings*, which need the detokenized text). A finished sequence leaves at once: its slot
+is taken in the very next step, so the batch never waits for its longest member, which is
+static batching's waste. The scheduler owns the KV-cache manager it allocates from.
 
-Mirrors vLLM's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`,
-`update_from_output`, FCFS policy, recompute preemption) and `check_stop` (`sched/utils.py`).
-Differences: no chunked prefill (a prompt is pre-filled in one step, so
-`max_num_batched_tokens` must be at least `max_model_len`); prefill and decode are separate
-calls; no priorities, no speculative decoding.
+Mirrors vLLM's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule` with its token
+budget and `num_computed_tokens`, `update_from_output`, FCFS policy, recompute
+preemption) and `check_stop` (`sched/utils.py`). Differences: no priorities, no
+speculative decoding, no limit on how many long prompts are chunked at once.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class Sequence:
     rng: np.random.Generator
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    num_cached_tokens: int = 0
+    num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache on admission
     num_preemptions: int = 0
 
     @property
@@ -68,11 +71,19 @@ class Sequence:
 
 @dataclasses.dataclass
 class SchedulerOutput:
-    """One step's work: prompts to pre-fill (with their cached token count) and sequences to decode."""
+    """One step's work: each scheduled sequence with its number of new tokens, and who was preempted.
 
-    prefills: list[tuple[Sequence, int]]
-    decodes: list[Sequence]
+    Sequence `seq` runs its tokens `num_computed_tokens .. num_computed_tokens + n - 1`;
+    it samples a token only if that reaches its last token (a prefill chunk that does not
+    finish the prompt samples nothing).
+    """
+
+    scheduled: list[tuple[Sequence, int]]
     preempted: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
 
 
 def check_stop(seq: Sequence, eos_id: int, max_model_len: int) -> tuple[str, int | None] | None:
@@ -113,45 +124,56 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv_cache.free(seq.seq_id)
-        seq.status = SequenceStatus.WAITING
+        seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        queue, decodes, preempted = list(self.running), [], []
-        while queue:
+        queue, running, scheduled, preempted = list(self.running), [], [], []
+        while queue and budget > 0:
             seq = queue.pop(0)
-            while not self.kv_cache.append_slot(seq.seq_id, seq.num_tokens):
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)  # 1 to decode; else a prompt chunk
+            while not self.kv_cache.append_slots(seq.seq_id, seq.num_computed_tokens + n):
                 victim = queue.pop() if queue else seq  # the latest admitted goes back first
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                decodes.append(seq)
-                budget -= 1
-        self.running = list(decodes)
-        prefills = []
-        while not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+                running.append(seq)
+                scheduled.append((seq, n))
+                budget -= n
+        self.running = running + queue  # the budget ran out before these: they wait a step
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             computed = self.kv_cache.get_computed_blocks(seq.seq_id, seq.tokens)
             num_cached = len(computed) * self.kv_cache.block_size
-            fits = self.kv_cache.can_allocate(seq.num_tokens, computed)
-            if seq.num_tokens - num_cached > budget or not fits:
+            n = min(seq.num_tokens - num_cached, budget)
+            if not self.kv_cache.can_allocate(num_cached + n, computed):
                 break
-            self.kv_cache.allocate(seq.seq_id, seq.num_tokens, computed)
+            self.kv_cache.allocate(seq.seq_id, num_cached + n, computed)
             self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
+            seq.status, seq.num_computed_tokens = SequenceStatus.RUNNING, num_cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
             self.running.append(seq)
-            prefills.append((seq, num_cached))
-            budget -= seq.num_tokens - num_cached
-        return SchedulerOutput(prefills, decodes, preempted)
+            scheduled.append((seq, n))
+            budget -= n
+        return SchedulerOutput(scheduled, preempted)
 
-    def update_from_output(self, seq: Sequence, token: int) -> tuple[str, int | None] | None:
-        """Record `seq`'s new token; if a stop rule says so, finish it and return why (see `check_stop`)."""
-        self.kv_cache.cache_blocks(seq.seq_id, seq.tokens)  # the computed full blocks become shareable
+    def update_from_output(self, seq: Sequence, num_new: int,
+                           token: int | None) -> tuple[str, int | None] | None:
+        """Record that `num_new` of seq's tokens were computed, and its sampled `token` if it has one.
+
+        Returns why seq stopped (see `check_stop`), having finished it, or None.
+        """
+        seq.num_computed_tokens += num_new
+        # The computed full blocks become shareable prefixes.
+        self.kv_cache.cache_blocks(seq.seq_id, seq.tokens[:seq.num_computed_tokens])
+        if token is None:  # a prompt chunk: more of the prompt to go
+            return None
         seq.output_token_ids.append(token)  # its keys and values are written by the next step
         stop = check_stop(seq, self.eos_id, self.max_model_len)
         if stop is not None:

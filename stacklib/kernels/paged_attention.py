@@ -15,9 +15,10 @@ and attends to the positions at or before it:
 
 Two implementations of the same contract:
 
-* `paged_attention_xla` gathers every sequence's blocks through its block table into a
-  contiguous (S, max_blocks * block_size, K, D) view, pads the queries per sequence, and
-  runs masked softmax attention in f32 at HIGHEST precision. Vectorised, static shapes.
+* `paged_attention_xla` gives every query token its sequence's blocks, gathered through
+  the block table into a contiguous (max_blocks * block_size, K, D) view, and runs masked
+  softmax attention in f32 at HIGHEST precision. Vectorised, static shapes, and its cost
+  follows the step's tokens, however they split into decodes and prefill chunks.
 * `paged_attention_pallas` never materialises that view. Its grid is (sequence, kv block
   of that sequence). The block tables, kv lengths and query lengths are *scalar
   prefetch* operands (`pltpu.PrefetchScalarGridSpec`): they sit in SMEM before the grid
@@ -93,13 +94,6 @@ def _ragged(per_sequence, query_start_loc, num_tokens):
     return jnp.where(owned[:, None, None], out, 0)
 
 
-def _row_positions(kv_lens, query_start_loc, max_query_len):
-    """(S, max_q) position of each query row (kv_len - q_len + i), and whether the row is real."""
-    q_lens = jnp.diff(query_start_loc)
-    i = jnp.arange(max_query_len)
-    return (kv_lens - q_lens)[:, None] + i, i < q_lens[:, None]
-
-
 # ----------------------------------------------------------------------------- XLA
 
 
@@ -107,33 +101,38 @@ def _row_positions(kv_lens, query_start_loc, max_query_len):
 def paged_attention_xla(queries: jax.Array, key_cache: jax.Array, value_cache: jax.Array,
                         kv_lens: jax.Array, block_tables: jax.Array, query_start_loc: jax.Array, *,
                         scale: float, max_query_len: int, config: Any = None) -> jax.Array:
-    """Gather each sequence's blocks into a contiguous view, then masked softmax attention.
+    """Each query token gathers its sequence's blocks and attends to them, masked: no padding per sequence.
 
-    Shapes as in `stacklib.kernels.ragged_paged_attention`; `config` is unused (the
-    registry's hook for tunable implementations).
+    Shapes as in `stacklib.kernels.ragged_paged_attention`. Working token by token keeps the
+    cost proportional to the step's tokens whatever mix of decodes and prefill chunks they are
+    (a per-sequence layout would pad every decode to the longest chunk). `max_query_len` and
+    `config` are unused (the Pallas kernel's bound, and the registry's hook for tunable
+    implementations).
     """
-    del config
+    del max_query_len, config
     T, H, D = queries.shape
     _, block_size, K, _ = key_cache.shape
     S, M = block_tables.shape
-    G = H // K
-    L = M * block_size
-    keys = key_cache[block_tables].reshape(S, L, K, D)  # (S, M, bs, K, D) -> (S, L, K, D)
-    values = value_cache[block_tables].reshape(S, L, K, D)
-    q = _per_sequence(queries, query_start_loc, max_query_len).astype(jnp.float32)
-    q = q.reshape(S, max_query_len, K, G, D)  # query head n = k * G + g
-    logits = jnp.einsum("sqkgd,slkd->skgql", q, keys.astype(jnp.float32), precision=_HIGHEST) * scale
-    positions, real = _row_positions(kv_lens, query_start_loc, max_query_len)  # (S, max_q)
+    G, L = H // K, M * block_size
+    t = jnp.arange(T)
+    seq = jnp.searchsorted(query_start_loc[1:], t, side="right")  # (T,): the sequence owning token t
+    owned = seq < S  # tokens past query_start_loc[S] are padding
+    seq = jnp.minimum(seq, S - 1)
+    q_lens = jnp.diff(query_start_loc)  # (S,)
+    position = kv_lens[seq] - q_lens[seq] + t - query_start_loc[seq]  # (T,): aligned to the sequence's end
+    keys = key_cache[block_tables[seq]].reshape(T, L, K, D)  # (T, M, bs, K, D) -> (T, L, K, D)
+    values = value_cache[block_tables[seq]].reshape(T, L, K, D)
+    q = queries.astype(jnp.float32).reshape(T, K, G, D)  # query head n = k * G + g
+    logits = jnp.einsum("tkgd,tlkd->tkgl", q, keys.astype(jnp.float32), precision=_HIGHEST) * scale
     p = jnp.arange(L)
-    mask = (p <= positions[:, :, None]) & (p < kv_lens[:, None, None]) & real[:, :, None]  # (S, max_q, L)
+    mask = (p <= position[:, None]) & (p < kv_lens[seq][:, None]) & owned[:, None]  # (T, L)
     logits = jnp.where(mask[:, None, None], logits, -jnp.inf)
     m = logits.max(axis=-1, keepdims=True)
     e = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0))
     denominator = e.sum(axis=-1, keepdims=True)
     weights = e / jnp.where(denominator > 0, denominator, 1.0)  # a row that sees nothing: weights 0
-    out = jnp.einsum("skgql,slkd->sqkgd", weights, values.astype(jnp.float32), precision=_HIGHEST)
-    out = out.reshape(S, max_query_len, H, D)  # (K, G) -> H
-    return _ragged(out, query_start_loc, T).astype(queries.dtype)
+    out = jnp.einsum("tkgl,tlkd->tkgd", weights, values.astype(jnp.float32), precision=_HIGHEST)
+    return out.reshape(T, H, D).astype(queries.dtype)  # (K, G) -> H
 
 
 # ----------------------------------------------------------------------------- Pallas

@@ -17,7 +17,8 @@ caches implement it:
   `(n_layers, num_blocks, block_size, n_kv_heads, head_dim)`, a sequence owns a list of
   blocks (its row of `block_tables`), new keys go to the pool slots of `slot_mapping`, and
   attention is `stacklib.kernels.ragged_paged_attention`, which reads the blocks through the
-  tables (chapter 14's engine builds one per step).
+  tables (chapter 14's engine builds one per step, for a ragged batch of decodes and prompt
+  chunks laid end to end).
 
 Both are NamedTuples of arrays, so they pass through `jax.jit` and can be donated.
 
@@ -87,18 +88,20 @@ class KVCache(NamedTuple):
 
 
 class PagedKVCache(NamedTuple):
-    """A pool of cache blocks shared by all sequences, and where this step's rows read and write.
+    """A pool of cache blocks shared by all sequences, and where this step's tokens read and write.
 
-    Shapes (L layers, N blocks of `block_size` slots, B rows of T tokens, M blocks per row):
+    The step's tokens are the new tokens of S sequences laid end to end (a ragged batch in
+    one row: tokens (1, N)); sequence s owns tokens `query_start_loc[s] : query_start_loc[s + 1]`,
+    which sit at the end of its first `kv_lens[s]` positions. Shapes (L layers, N tokens,
+    M blocks per sequence):
 
-        k, v             (L, N, block_size, K, D)  the pool; slot s is block s // block_size
-        block_tables     (B, M)   the blocks of each row's sequence, in order
-        slot_mapping     (B, T)   the pool slot each new key/value is written to
-        kv_lens          (B,)     cached positions of each row after this step
-        query_start_loc  (B + 1,) row b's real tokens, flattened: [start[b], start[b + 1])
+        k, v             (L, num_blocks, block_size, K, D)  the pool; slot i is block i // block_size
+        block_tables     (S, M)   each sequence's blocks, in order
+        slot_mapping     (1, N)   the pool slot each new key/value is written to
+        kv_lens          (S,)     cached positions of each sequence after this step
+        query_start_loc  (S + 1,) where each sequence's tokens start in the row
 
-    Row b's real tokens are its first `start[b + 1] - start[b]`; the rest is padding, written
-    to the null block's slots and never read.
+    Tokens past `query_start_loc[S]` are padding, written to the null block's slots and never read.
     """
 
     k: jax.Array
@@ -108,36 +111,20 @@ class PagedKVCache(NamedTuple):
     kv_lens: jax.Array
     query_start_loc: jax.Array
 
-    @classmethod
-    def for_step(cls, k: jax.Array, v: jax.Array, positions: jax.Array, slot_mapping: jax.Array,
-                 block_tables: jax.Array, last_index: jax.Array) -> PagedKVCache:
-        """The cache for one engine step whose row b has real tokens 0..last_index[b].
-
-        Flattened, the real tokens are contiguous when B == 1 (a prefill) or T == 1 (a decode
-        batch), the two steps chapter 14's engine runs.
-        """
-        B, T = positions.shape
-        if B != 1 and T != 1:
-            raise ValueError(f"A paged step is one prompt (B = 1) or a decode batch (T = 1), got (B, T) = "
-                             f"{(B, T)}: flattened, other rows' padding would sit between real tokens.")
-        q_lens = last_index + 1  # (B,)
-        query_start_loc = jnp.concatenate([jnp.zeros(1, q_lens.dtype), jnp.cumsum(q_lens)])  # (B + 1,)
-        kv_lens = positions[jnp.arange(B), last_index] + 1  # (B,): this step's keys included
-        return cls(k, v, block_tables, slot_mapping, kv_lens, query_start_loc)
-
     def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                attention: Attention) -> tuple[jax.Array, PagedKVCache]:
-        """Write k, v (B, T, K, D) to `slot_mapping` of `layer`; attend q (B, T, H, D) through the tables."""
+        """Write k, v (1, N, K, D) to `slot_mapping` of `layer`; attend q (1, N, H, D) through the tables."""
         del positions, attention  # the tables and lengths say where each key sits; the kernel registry picks
         B, T, H, D = q.shape
-        L, N, block_size, K, _ = self.k.shape
+        L, num_blocks, block_size, K, _ = self.k.shape
+        M = self.block_tables.shape[1]
 
-        def write(pool, new):  # the pool as (L, N * block_size, K, D) slots: a free reshape
-            slots = pool.reshape(L, N * block_size, K, D)
+        def write(pool, new):  # the pool as (L, num_blocks * block_size, K, D) slots: a free reshape
+            slots = pool.reshape(L, num_blocks * block_size, K, D)
             return slots.at[layer, self.slot_mapping].set(new.astype(pool.dtype)).reshape(pool.shape)
 
         cache = self._replace(k=write(self.k, k), v=write(self.v, v))
         out = kernels.ragged_paged_attention(  # (B*T, H, D); padding tokens give 0
             q.reshape(B * T, H, D), cache.k[layer], cache.v[layer], self.kv_lens, self.block_tables,
-            self.query_start_loc, max_query_len=T)
+            self.query_start_loc, max_query_len=min(T, M * block_size))  # no sequence has more
         return out.reshape(B, T, H, D), cache
