@@ -11,8 +11,8 @@ The pieces, one file each:
   sampling_params.py  SamplingParams (vLLM's names and defaults) and the sampling rule
   outputs.py          RequestOutput, CompletionOutput, Logprob
   block_pool.py       the paged KV cache's blocks: free queue, block tables, prefix hashes
-  scheduler.py        continuous batching: admission, budgets, preemption, stop rules; owns the cache
-  model_runner.py     compiled prefill/decode: chapter 12's model over a PagedKVCache
+  scheduler.py        continuous batching, chunked prefill, preemption, stop rules; owns the cache
+  model_runner.py     one compiled step (decodes and prompt chunks): chapter 12's model, PagedKVCache
   quantization.py     weight-only int8/int4 serving with stacklib.quant's rules
   engine.py           LLMEngine (add_request / step / abort_request) and LLM.generate
   serve.py            /v1/completions, /v1/chat/completions, /v1/models, /health on stacklib.http
@@ -23,7 +23,7 @@ Layer 4: it imports llm (layer 3), quant (layer 2), nn and http (layer 1).
 from stacklib.infer.config import EngineConfig
 from stacklib.infer.engine import LLM, LLMEngine
 from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
-from stacklib.infer.sampling_params import SamplingParams
+from stacklib.infer.sampling_params import InvalidRequestError, SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LLMEngine",
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "InvalidRequestError", "LLMEngine",
            "Logprob", "RequestOutput", "SamplingParams"]
