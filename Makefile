@@ -44,9 +44,21 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 # ran 10% slower). Numerics differ in the last bits, as under another device count: every
 # demo holds with a margin across seeds and device counts, and zoo models are always built
 # with XLA's defaults (stacklib/checkpoint/zoo.py drops XLA_FLAGS). `make book` uses the defaults.
-TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1
+#
+# The suite's ~150 processes (notebooks, graders, servers, command lines, job processes) compile
+# many of the same programs: a chapter, its solutions and its exercises run the same checks, two
+# processes of one job the same step. JAX's persistent compilation cache lets each program be
+# compiled once per run and loaded from disk after (every size: min compile time 0); a loaded
+# program is the compiled one, byte for byte, and is still a compilation to jax.monitoring, so
+# stacklib.compile counts it. `make test` starts it empty, as on a new machine. Zoo builds do not
+# inherit it (stacklib/checkpoint/zoo.py drops JAX_* settings).
+XLA_CACHE := .jax_cache
+TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1 \
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(XLA_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
 test: $(STAMP)  ## everything: units, parity, grading, every notebook, structural book build
+	rm -rf $(XLA_CACHE)
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_XDIST) --build-zoo-first --durations=25 \
 		$(PYTEST_NOTEBOOK_FLAGS) tests $(NOTEBOOKS)
 
@@ -117,4 +129,4 @@ lock:  ## re-resolve constraints.txt from pyproject.toml in a throwaway venv
 	rm -rf $$tmp build
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache $(XLA_CACHE)
