@@ -41,9 +41,7 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 # XLA's CPU compiler spends most of its time in LLVM's optimisation passes, and most of the
 # suite compiles small programs it runs once: at -O1 (the default is -O2) the compile-bound
 # tests take 47 s instead of 81 s, and a training notebook runs as fast as at -O2 (at -O0 it
-# ran 10% slower). Skipping LLVM's expensive passes on top (--xla_llvm_disable_expensive_passes)
-# took 4 parity and training test files from 109 s to 98 s, and three chapters plus test_llm
-# from 115 s to 112 s. Numerics differ in the last bits, as under another device count: every
+# ran 10% slower). Numerics differ in the last bits, as under another device count: every
 # demo holds with a margin across seeds and device counts, and zoo models are always built
 # with XLA's defaults (stacklib/checkpoint/zoo.py drops XLA_FLAGS). `make book` uses the defaults.
 #
@@ -55,7 +53,7 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 # stacklib.compile counts it. `make test` starts it empty, as on a new machine. Zoo builds do not
 # inherit it (stacklib/checkpoint/zoo.py drops JAX_* settings).
 XLA_CACHE := .jax_cache
-TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS="--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true" \
+TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1 \
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(XLA_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
