@@ -258,7 +258,8 @@ _ASYNC = "the chapter's section 'Asynchronous saves'"
 # No case here reads a clock: each one holds the write in the saver's thread on an Event
 # until it has looked at what save() did, so a right answer passes and a wrong one fails
 # on every run. The waits below only bound how long a wrong answer (one that blocks in
-# save) holds the case up; a right one never waits for them to run out.
+# save) holds the case up; a right one that waits for its threads with join() never waits
+# for them to run out.
 _BLOCKED_WRITE_S = 3.0  # how long a held write waits for the case to release it
 _OVERLAP_WAIT_S = 2.0  # how long the first write waits for an overlapping second one
 
@@ -358,8 +359,21 @@ def the_snapshot_is_taken_when_save_returns(AsyncSaver):
 @async_save.case(points=2, time_limit_s=20, hint=f"A save must not start while the previous one is still "
                                                  f"writing: see {_ASYNC}.")
 def saves_never_overlap(AsyncSaver):
-    lock, second_started = threading.Lock(), threading.Event()
+    lock, released = threading.Lock(), threading.Event()  # released: the first write may end
     running, overlapped, order = [], [], []
+    started = []  # the threads started during the case, in order
+    real_start, real_join = threading.Thread.start, threading.Thread.join
+
+    def start(thread):
+        started.append(thread)
+        real_start(thread)
+
+    def join(thread, timeout=None):
+        # Waiting, without a timeout, for the first write's thread before starting another: no
+        # write can overlap it now, so it need not wait any longer for one that would.
+        if timeout is None and started[:1] == [thread] and len(started) == 1:
+            released.set()
+        return real_join(thread, timeout)
 
     def write(tree):
         with lock:
@@ -368,18 +382,20 @@ def saves_never_overlap(AsyncSaver):
             order.append(float(tree["w"][0, 0]))
             first = len(order) == 1
         if first:  # a saver that does not wait starts the second write while this one runs
-            second_started.wait(_OVERLAP_WAIT_S)
+            released.wait(_OVERLAP_WAIT_S)
         else:
-            second_started.set()
+            released.set()
         with lock:
             running.pop()
 
     saver = AsyncSaver(write)
-    for value in (1.0, 2.0, 3.0):
-        tree = _tree()
-        tree["w"][0, 0] = value
-        saver.save(tree)
-    saver.wait_until_finished()
+    with mock.patch.object(threading.Thread, "start", start), \
+            mock.patch.object(threading.Thread, "join", join):
+        for value in (1.0, 2.0, 3.0):
+            tree = _tree()
+            tree["w"][0, 0] = value
+            saver.save(tree)
+        saver.wait_until_finished()
     expect(not any(overlapped), "a write started while the previous one was still running")
     expect(order == [1.0, 2.0, 3.0], f"the writes happened in the order {order}, not 1, 2, 3")
 
