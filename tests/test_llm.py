@@ -340,6 +340,22 @@ def test_the_command_line_writes_one_json_line_per_step_with_mfu_and_goodput(tmp
 
 # -- zoo -------------------------------------------------------------------------------------
 
+def test_a_model_folder_loads_what_write_atomically_wrote_and_an_empty_one_names_the_fix(tmp_path):
+    from stacklib.checkpoint.zoo import write_atomically
+
+    with pytest.raises(FileNotFoundError, match=r"no committed model; save one with stacklib.llm.pretrained"):
+        zoo.load_model_dir(tmp_path / "empty")
+    config = load_config(None, **TINY)
+    model = Transformer(config, rngs=nnx.Rngs(3))
+    write_atomically(tmp_path / "model", 7, {"params": ocp.args.StandardSave(nnx.state(model, nnx.Param)),
+                                             "config": ocp.args.JsonSave(config.to_dict())})
+    loaded = zoo.load_model_dir(tmp_path / "model")  # max_seq_len 32, below the default seq_len 128
+    assert loaded.config.max_seq_len == 32
+    params = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (loaded, model)]
+    for a, b in zip(*params, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 ZOO_CHILD = f"""
 import hashlib, sys, jax, numpy as np
 jax.config.update("jax_platforms", "cpu")

@@ -54,10 +54,7 @@ def _load(directory: pathlib.Path, recipe: recipes.Recipe):
     model, tokenizer = recipes.base_model(recipe)
     graphdef, params = nnx.split(model, nnx.Param)
     abstract = jax.eval_shape(lambda: params)
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
-    step = manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{directory} holds no committed model")
+    manager, step = checkpoint_zoo.open_latest(directory)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract),
                                                               info=ocp.args.JsonRestore(),
                                                               timing=ocp.args.JsonRestore()))

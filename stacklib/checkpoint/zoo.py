@@ -2,7 +2,8 @@
 
 Every zoo of the book (`stacklib.llm.zoo`, `stacklib.align.zoo`, `stacklib.diffusion.zoo`)
 trains a model the first time someone asks for it and loads the cached files after. This
-module is the part they share: the cache protocol (`load_or_build`, `write_atomically`)
+module is the part they share: the cache protocol (`load_or_build`, `write_atomically`,
+`open_latest`)
 and the fixed build process it runs the training in (`run`, `main`).
 
 **The files must not depend on who built them.** XLA's CPU code rounds differently with
@@ -125,6 +126,22 @@ def write_atomically(directory: pathlib.Path, step: int, items: dict[str, Any]) 
     manager.save(step, args=ocp_args.Composite(**items, built_with=ocp_args.JsonSave(build_configuration())))
     manager.close()
     os.replace(staging, directory)  # directory does not exist here: the rename is atomic
+
+
+def open_latest(directory: pathlib.Path, fix: str = "") -> tuple[CheckpointManager, int]:
+    """The reading side of `write_atomically`: a read-only manager on `directory` and its step.
+
+    Every zoo's loader starts here, then restores the items it wrote.
+
+    Raises:
+      FileNotFoundError: `directory` holds no committed model (`fix`, if given, is appended
+        to the message: how to make one).
+    """
+    manager = CheckpointManager(directory, options=CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"{directory} holds no committed model{fix}")
+    return manager, step
 
 
 # -- the fixed build process -------------------------------------------------------------------

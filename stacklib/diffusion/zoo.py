@@ -24,7 +24,7 @@ import jax
 
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
-from stacklib.checkpoint.zoo import cache_root, load_or_build, write_atomically
+from stacklib.checkpoint.zoo import cache_root, load_or_build, open_latest, write_atomically
 from stacklib.diffusion import train
 from stacklib.diffusion.config import Config, load_config
 from stacklib.diffusion.model import DiT
@@ -54,10 +54,7 @@ def zoo_config(name: str) -> Config:
 
 
 def _load(directory: pathlib.Path, config: Config) -> tuple[DiT, Config]:
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
-    step = manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{directory} holds no committed model")
+    manager, step = open_latest(directory)
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     if saved != config.to_dict():
         raise ValueError("the cached model was trained with another config")
@@ -83,9 +80,8 @@ def build(directory: str, config: dict[str, Any]) -> None:
 def losses(name: str) -> list[float]:
     """The training losses (mean of each `log_every` steps) of zoo model `name`, trained if needed."""
     pretrained(name)
-    manager = ocp.CheckpointManager(cache_dir() / name, options=ocp.CheckpointManagerOptions(read_only=True))
-    return manager.restore(manager.latest_step(), args=ocp.args.Composite(metrics=ocp.args.JsonRestore())
-                           ).metrics["losses"]
+    manager, step = open_latest(cache_dir() / name)
+    return manager.restore(step, args=ocp.args.Composite(metrics=ocp.args.JsonRestore())).metrics["losses"]
 
 
 def pretrained(name: str = "digits-flow") -> tuple[DiT, Config]:

@@ -32,7 +32,7 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.checkpoint.zoo import CACHE_ENV as CACHE_ENV  # re-exported: tests and users set it
-from stacklib.checkpoint.zoo import cache_root, load_or_build, write_atomically
+from stacklib.checkpoint.zoo import cache_root, load_or_build, open_latest, write_atomically
 from stacklib.llm import train
 from stacklib.llm.config import MODEL_KEYS, Config, load_config
 from stacklib.llm.model import Transformer
@@ -89,14 +89,12 @@ def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -
       ArchitectureMismatchError: the saved model is not `config`'s architecture.
     """
     directory = pathlib.Path(directory)
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
-    step = manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{directory} holds no committed model; save one with "
-                                "stacklib.llm.pretrained (the zoo's format: params + config).")
+    manager, step = open_latest(directory, "; save one with stacklib.llm.pretrained (the zoo's format: "
+                                           "params + config).")
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-    if config is None:
-        config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False)
+    if config is None:  # the saved architecture; a training length the model can hold
+        config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False,
+                             seq_len=saved["max_seq_len"])
     train.check_architecture(saved, config, str(directory))
     graphdef, abstract = _abstract_params(config)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
