@@ -21,6 +21,7 @@ from conftest import ROOT, cache_fingerprint
 import stacklib.checkpoint as ocp
 import stacklib.kernels as kernels
 import stacklib.nn as nnx
+from stacklib.checkpoint.zoo import write_atomically
 from stacklib.llm import data, flops, sample, train, zoo
 from stacklib.llm.config import BASE_CONFIG, Config, ConfigError, load_config, parse_overrides
 from stacklib.llm.kv_cache import KVCache, PagedKVCache
@@ -341,8 +342,6 @@ def test_the_command_line_writes_one_json_line_per_step_with_mfu_and_goodput(tmp
 # -- zoo -------------------------------------------------------------------------------------
 
 def test_a_model_folder_loads_what_write_atomically_wrote_and_an_empty_one_names_the_fix(tmp_path):
-    from stacklib.checkpoint.zoo import write_atomically
-
     with pytest.raises(FileNotFoundError, match=r"no committed model; save one with stacklib.llm.pretrained"):
         zoo.load_model_dir(tmp_path / "empty")
     config = load_config(None, **TINY)

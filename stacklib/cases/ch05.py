@@ -371,7 +371,7 @@ def saves_never_overlap(AsyncSaver):
     def join(thread, timeout=None):
         # Waiting, without a timeout, for the first write's thread before starting another: no
         # write can overlap it now, so it need not wait any longer for one that would.
-        if timeout is None and started[:1] == [thread] and len(started) == 1:
+        if timeout is None and started == [thread]:
             released.set()
         return real_join(thread, timeout)
 

@@ -3,8 +3,7 @@
 Every zoo of the book (`stacklib.llm.zoo`, `stacklib.align.zoo`, `stacklib.diffusion.zoo`)
 trains a model the first time someone asks for it and loads the cached files after. This
 module is the part they share: the cache protocol (`load_or_build`, `write_atomically`,
-`open_latest`)
-and the fixed build process it runs the training in (`run`, `main`).
+`open_latest`) and the fixed build process it runs the training in (`run`, `main`).
 
 **The files must not depend on who built them.** XLA's CPU code rounds differently with
 the number of devices a process simulates and with the number of threads it may use: the
