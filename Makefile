@@ -53,7 +53,7 @@ PYTEST_XDIST ?= -n 2 --dist loadfile
 # stacklib.compile counts it. `make test` starts it empty, as on a new machine. Zoo builds do not
 # inherit it (stacklib/checkpoint/zoo.py drops JAX_* settings).
 XLA_CACHE := .jax_cache
-TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=1 \
+TEST_ENV := JAX_PLATFORMS=cpu XLA_FLAGS="--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false" \
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(XLA_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
