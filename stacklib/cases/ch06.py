@@ -162,7 +162,14 @@ HAND_WRITTEN_MODULES = [_NESTED, _NAMES_AND_METADATA, _ROOT, _TUPLE, _SHARED, _E
 
 
 def _compiled_text(fn, *args):
-    return jax.jit(fn).lower(*args).compile().as_text()
+    """The optimized HLO of `fn`, compiled by XLA's default CPU pipeline whatever XLA_FLAGS say.
+
+    The fusions XLA forms depend on its flags (`make test` turns the CPU fusion emitters off to
+    compile faster, and scatters then become loops): a case built on a compiled program pins
+    them, so that a wrong answer loses the same points on every machine.
+    """
+    options = {"xla_cpu_use_fusion_emitters": True} if jax.default_backend() == "cpu" else {}
+    return jax.jit(fn).lower(*args).compile(compiler_options=options).as_text()
 
 
 @contextlib.contextmanager
