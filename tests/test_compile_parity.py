@@ -10,13 +10,7 @@ import pytest
 from flax import nnx
 from jax import lax
 
-from stacklib.compile import cost_analysis, op_costs, track_compiles
-
-# XLA's default CPU pipeline, whatever XLA_FLAGS say: `make test` turns the fusion emitters off
-# to compile faster, and a scatter then becomes a while loop around an in-place
-# dynamic-update-slice: XLA charges it for the slice it writes, our per-kernel costs for the
-# whole buffer.
-XLA_DEFAULTS = {"xla_cpu_use_fusion_emitters": True}
+from stacklib.compile import DEFAULT_CPU_PIPELINE, cost_analysis, op_costs, track_compiles
 
 X = jnp.linspace(0.1, 1.0, 1000).reshape(10, 100)
 Y = jnp.linspace(0.2, 2.0, 1000).reshape(10, 100)
@@ -148,7 +142,7 @@ HLO_CASES = {**{k: v for k, v in EXACT_CASES.items() if k not in ("cond", "gathe
 @pytest.mark.parametrize("name", list(HLO_CASES))
 def test_per_kernel_costs_add_up_to_xla_totals_of_the_compiled_program(name):
     fn, *args = HLO_CASES[name]
-    compiled = jax.jit(fn).lower(*args).compile(compiler_options=XLA_DEFAULTS)
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=DEFAULT_CPU_PIPELINE)
     xla = compiled.cost_analysis()
     costs = op_costs(compiled).values()
     assert sum(c.flops for c in costs) == pytest.approx(xla.get("flops", 0.0), rel=1e-6)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stacklib.compile import count_fusions, hlo, track_compiles
+from stacklib.compile import DEFAULT_CPU_PIPELINE, count_fusions, hlo, track_compiles
 from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_close
 
 # ---------------------------------------------------------------- 06.dense_cost
@@ -162,13 +162,9 @@ HAND_WRITTEN_MODULES = [_NESTED, _NAMES_AND_METADATA, _ROOT, _TUPLE, _SHARED, _E
 
 
 def _compiled_text(fn, *args):
-    """The optimized HLO of `fn`, compiled by XLA's default CPU pipeline whatever XLA_FLAGS say.
-
-    The fusions XLA forms depend on its flags (`make test` turns the CPU fusion emitters off to
-    compile faster, and scatters then become loops): a case built on a compiled program pins
-    them, so that a wrong answer loses the same points on every machine.
-    """
-    options = {"xla_cpu_use_fusion_emitters": True} if jax.default_backend() == "cpu" else {}
+    """The optimized HLO of `fn`, compiled by XLA's default CPU pipeline whatever XLA_FLAGS say,
+    so that a wrong answer loses the same points on every machine (see DEFAULT_CPU_PIPELINE)."""
+    options = DEFAULT_CPU_PIPELINE if jax.default_backend() == "cpu" else {}
     return jax.jit(fn).lower(*args).compile(compiler_options=options).as_text()
 
 

@@ -6,7 +6,8 @@ This package holds the tools the chapter builds and later chapters reuse:
 * `cost_analysis(fn, *args)` — FLOPs, transcendentals and bytes counted from the jaxpr
   with XLA's rules (`cost.py`); compare `jax.jit(fn).lower(*args).cost_analysis()`;
 * `parse_hlo`, `fusions`, `count_fusions`, `op_costs` — read the optimized HLO text:
-  which kernels XLA launches, what each fused, what each costs (`hlo.py`);
+  which kernels XLA launches, what each fused, what each costs (`hlo.py`), and
+  `DEFAULT_CPU_PIPELINE`, the compiler options that give that text XLA's default fusions;
 * `CompileWatcher`, `track_compiles` — count compilations and explain recompiles
   (`recompile.py`); compare `jax.jit(f)._cache_size()` and `jax_explain_cache_misses`.
 
@@ -17,6 +18,7 @@ the tolerances the tests state (exactly on most programs, within 1% on matmul-he
 
 from stacklib.compile.cost import Cost, cost_analysis, jaxpr_cost
 from stacklib.compile.hlo import (
+    DEFAULT_CPU_PIPELINE,
     Fusion,
     HloComputation,
     HloInstruction,
@@ -40,6 +42,7 @@ __all__ = [
     "CompileEvent",
     "CompileWatcher",
     "Cost",
+    "DEFAULT_CPU_PIPELINE",
     "Fusion",
     "HloComputation",
     "HloInstruction",

@@ -63,6 +63,13 @@ _NO_WORK = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-el
 # `_kernels` lists in their own right (each once, as XLA counts a loop body once).
 _CONTAINERS = frozenset({"while", "call", "conditional"})
 
+# `compiler_options` for `.compile()` that restore XLA's default CPU fusion pipeline whatever
+# XLA_FLAGS say. The fusions XLA forms, and so the text these functions read, depend on it:
+# `make test` turns the fusion emitters off to compile faster, and a scatter then becomes a
+# while loop around an in-place dynamic-update-slice, which XLA charges for the slice it writes
+# and `op_costs` for the whole buffer.
+DEFAULT_CPU_PIPELINE = {"xla_cpu_use_fusion_emitters": True}
+
 
 @dataclasses.dataclass(frozen=True)
 class HloInstruction:
