@@ -3,11 +3,15 @@
 import json
 import multiprocessing
 import os
+import pathlib
 import random
+import re
+import shutil
 import signal
 import textwrap
 import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +20,7 @@ import pytest
 from conftest import run_python
 
 import stacklib.checkpoint as ocp
-from stacklib.checkpoint import atomic, retention, tree_files
+from stacklib.checkpoint import atomic, retention, tree_files, zoo
 from stacklib.checkpoint.args import Composite, JsonRestore, JsonSave, StandardRestore, StandardSave
 
 
@@ -239,6 +243,85 @@ def test_a_restarted_manager_sees_the_saved_steps_and_their_metrics(tmp_path):
     assert again.all_steps() == [1, 2] and again.best_step() == 1
 
 
+def _rewrite(path, old, new):
+    path.write_text(path.read_text().replace(old, new))
+
+
+def write_with_orbax(root, step):
+    import orbax.checkpoint as orbax
+
+    with orbax.CheckpointManager(root.parent / "orbax") as theirs:
+        theirs.save(step, args=orbax.args.StandardSave({"w": np.ones(3)}))
+    (root.parent / "orbax" / str(step)).rename(root / str(step))  # Orbax refuses a directory with our steps
+
+
+def write_a_newer_format(root, step):
+    with manager(root.parent / "newer") as newer:
+        newer.save(step, args=StandardSave({"w": np.ones(3)}))
+    metadata = root.parent / "newer" / str(step) / "_CHECKPOINT_METADATA"
+    _rewrite(metadata, "stacklib.checkpoint.step/1", "stacklib.checkpoint.step/2")
+    metadata.parent.rename(root / str(step))
+
+
+def write_unreadable_metadata(root, step):
+    (root / str(step)).mkdir()
+    (root / str(step) / "_CHECKPOINT_METADATA").write_bytes(b"\x00\xff not JSON")
+
+
+NOT_OURS = {"written by orbax": write_with_orbax, "a newer format": write_a_newer_format,
+            "unreadable metadata": write_unreadable_metadata}
+
+
+@pytest.mark.parametrize("write", NOT_OURS.values(), ids=NOT_OURS)
+def test_retention_and_delete_never_touch_a_folder_this_library_did_not_write(tmp_path, write):
+    (tmp_path / "root").mkdir()
+    write(tmp_path / "root", 1)
+    theirs = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "root" / "1").rglob("*")
+                    if p.is_file())
+    with manager(tmp_path / "root", max_to_keep=2) as m:
+        for step in range(2, 7):
+            m.save(step, args=StandardSave({"s": step}))
+        m.wait_until_finished()
+        assert m.all_steps() == [1, 5, 6]  # listed, so that restoring it says what it is; kept, not counted
+        with pytest.raises(ocp.NotACheckpointError, match=r"root/1 was not written by .*Remove it yourself"):
+            m.delete(1)
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["1", "5", "6"]
+    assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in (tmp_path / "root" / "1").rglob("*")
+                  if p.is_file()) == theirs
+
+
+def test_a_folder_this_library_did_not_write_blocks_no_later_save_and_is_never_overwritten(tmp_path):
+    (tmp_path / "root").mkdir()
+    write_a_newer_format(tmp_path / "root", 100)
+    with manager(tmp_path / "root", save_interval_steps=50) as m:
+        saved = [step for step in range(0, 160, 10) if m.save(step, args=StandardSave({"s": step}))]
+        assert saved == [0, 50, 150]  # 100 is taken: not due, and the steps after it still are
+        with pytest.raises(ocp.StepAlreadyExistsError, match=r"/100 already exists and was not written by"):
+            m.save(100, args=StandardSave({"s": 100}), force=True)
+
+
+@pytest.mark.parametrize("step, error, fix", [
+    (-1, ValueError, "steps count from 0"),
+    (5.0, TypeError, r"int\(step\)"),
+    (np.float32(5), TypeError, r"int\(step\)"),
+    (True, TypeError, "a bool is not a step number"),
+    ("5", TypeError, r"int\(step\)"),
+])
+def test_a_step_that_would_be_written_and_never_listed_is_refused_with_the_fix(tmp_path, step, error, fix):
+    with pytest.raises(error, match=rf"step must be a non-negative int.*got {re.escape(repr(step))}.*{fix}"):
+        manager(tmp_path).save(step, args=StandardSave({"w": np.ones(2)}))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_numpy_integer_step_is_saved_and_listed_as_that_int(tmp_path):
+    with manager(tmp_path) as m:
+        assert m.save(np.int64(5), args=StandardSave({"w": np.ones(2)}))
+        m.wait_until_finished()
+        assert m.all_steps() == [5] and type(m.all_steps()[0]) is int and m.latest_step() == 5
+    assert manager(tmp_path).all_steps() == [5]
+    assert json.loads((tmp_path / "5" / "_CHECKPOINT_METADATA").read_text())["step"] == 5
+
+
 # Asynchronous saves and atomic commits.
 
 class _Gate:
@@ -415,3 +498,106 @@ def test_metadata_records_items_metrics_and_format(tmp_path):
     metadata = json.loads((tmp_path / "2" / "_CHECKPOINT_METADATA").read_text())
     assert metadata["items"] == {"state": "standard", "data": "json"}
     assert metadata["metrics"] == {"loss": 0.5} and metadata["custom_metadata"] == {"run": "a"}
+
+
+# The zoo's cache (zoo.py): rebuilt when broken, never when the loader has a bug.
+
+def build_into(directory):
+    zoo.write_atomically(directory, 1, {"w": StandardSave({"x": np.arange(4.0)})})
+
+
+def load_cached(directory):
+    cache, step = zoo.open_latest(directory)
+    return cache.restore(step, args=Composite(w=StandardRestore({"x": np.zeros(4)}))).w["x"]
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Stand in for the fixed build process: write the cached model here, and count the builds."""
+    done = []
+
+    def run(function, request):
+        build_into(pathlib.Path(request["directory"]))
+        done.append(function)
+
+    monkeypatch.setattr(zoo, "run", run)
+    return done
+
+
+def _leaf(directory):
+    (leaf_file,) = directory.glob("1/w/*.x.bin")
+    return leaf_file
+
+
+BROKEN = {  # how a cache breaks -> the error that says so
+    "nothing committed": (lambda d: shutil.rmtree(d / "1"), "FileNotFoundError"),
+    "a file missing": (lambda d: _leaf(d).unlink(), "CheckpointCorruptedError"),
+    "a file truncated": (lambda d: _leaf(d).write_bytes(_leaf(d).read_bytes()[:-3]),
+                         "CheckpointCorruptedError"),
+    "a flipped bit": (lambda d: _leaf(d).write_bytes(b"\x01" + _leaf(d).read_bytes()[1:]),
+                      "CheckpointCorruptedError"),
+    "another format": (lambda d: _rewrite(d / "1" / "_CHECKPOINT_METADATA", "step/1", "step/2"),
+                       "NotACheckpointError"),
+    "other shapes": (lambda d: (shutil.rmtree(d), zoo.write_atomically(d, 1, {"w": StandardSave(
+        {"x": np.zeros((2, 2))})})), "StructureMismatchError"),  # written by an earlier version of the code
+}
+
+
+@pytest.mark.parametrize("damage, error", BROKEN.values(), ids=BROKEN)
+def test_a_broken_zoo_cache_is_rebuilt_with_a_warning_that_says_why(tmp_path, builds, damage, error):
+    build_into(tmp_path / "model")
+    damage(tmp_path / "model")
+    said = rf"(?s)model' in .*model cannot be loaded \({error}: .*training it again"
+    with pytest.warns(UserWarning, match=said):
+        loaded = zoo.load_or_build(tmp_path / "model", load_cached, "builder:build", {})
+    np.testing.assert_array_equal(loaded, np.arange(4.0))
+    assert builds == ["builder:build"]
+
+
+def test_a_zoo_loader_that_finds_the_cache_stale_has_it_rebuilt(tmp_path, builds):
+    build_into(tmp_path / "model")
+    calls = []
+
+    def load(directory):
+        calls.append(directory)
+        if len(calls) == 1:
+            raise zoo.StaleCacheError("the cached model was trained with another config")
+        return load_cached(directory)
+
+    with pytest.warns(UserWarning, match=r"\(StaleCacheError: the cached model was trained with another"):
+        zoo.load_or_build(tmp_path / "model", load, "builder:build", {})
+    assert builds == ["builder:build"]
+
+
+@pytest.mark.parametrize("bug", [TypeError("unsupported operand"), KeyError("params"),
+                                 ValueError("too many values to unpack"), AttributeError("no attribute 'w'")])
+def test_a_bug_in_a_zoo_loader_surfaces_and_the_cache_is_kept(tmp_path, builds, bug):
+    build_into(tmp_path / "model")
+    cached = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
+
+    def buggy_load(directory):
+        load_cached(directory)
+        raise bug
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(type(bug)):
+            zoo.load_or_build(tmp_path / "model", buggy_load, "builder:build", {})
+    assert builds == []
+    assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*")
+                  if p.is_file() and p.suffix != ".lock") == cached
+
+
+def test_write_atomically_makes_the_rename_durable_by_fsyncing_the_parent(tmp_path, monkeypatch):
+    events = []
+
+    def recorded(name, function):
+        def call(*paths):
+            events.append((name, pathlib.Path(paths[-1])))
+            return function(*paths)
+        return call
+
+    monkeypatch.setattr(os, "replace", recorded("rename", os.replace))
+    monkeypatch.setattr(atomic, "fsync_directory", recorded("fsync", atomic.fsync_directory))
+    build_into(tmp_path / "model")
+    assert events[-2:] == [("rename", tmp_path / "model"), ("fsync", tmp_path)]

@@ -139,6 +139,111 @@ def test_a_mismatched_target_is_the_callers_mistake_and_is_not_skipped(tmp_path)
                 manager.restore(args=ocp.args.StandardRestore({"w": np.zeros(3)}))
 
 
+# What restore moves aside, and what it leaves alone. A copy it cannot read is never deleted:
+# a damaged one is renamed out of the way, anything else stays where it is.
+
+def files_of(folder: pathlib.Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def truncate_a_leaf(tier_directory, step):
+    (leaf_file,) = (tier_directory / str(step) / "default").glob("*.w.bin")
+    leaf_file.write_bytes(leaf_file.read_bytes()[:-8])
+
+
+def delete_the_manifest(tier_directory, step):
+    (tier_directory / str(step) / "default" / "manifest.json").unlink()
+
+
+def garble_the_step_metadata(tier_directory, step):
+    (tier_directory / str(step) / ocp.manager.METADATA).write_text('{"format": "stacklib.checkpo')
+
+
+DAMAGE = {"a flipped bit": flip_a_byte, "a truncated leaf": truncate_a_leaf,
+          "a missing manifest": delete_the_manifest, "garbled step metadata": garble_the_step_metadata}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE)
+def test_a_damaged_copy_is_moved_aside_under_a_quarantine_name_and_never_deleted(tmp_path, damage):
+    with open_manager(tmp_path) as manager:
+        train(manager, range(15))  # local [12, 14], persistent [6, 12]
+        damage(tmp_path / "local", 14)
+        damaged = files_of(tmp_path / "local" / "14")
+        with pytest.warns(multitier.CheckpointFallbackWarning,
+                          match=r"step 14 in the local tier.*Moved .*local/14 aside to 14\.damaged-"):
+            np.testing.assert_array_equal(manager.restore()["w"], weights(12))
+        (aside,) = (tmp_path / "local").glob("14.damaged-*")
+        assert manager.local.all_steps() == [12]  # never listed as a step
+        train(manager, range(13, 30))  # saves step 14 again, and on until 14 expires
+        assert sorted(p.name for p in (tmp_path / "local").iterdir()) == sorted(["26", "28", aside.name])
+        assert files_of(aside) == damaged
+
+
+def write_with_orbax(tier_directory, step):
+    import orbax.checkpoint as orbax
+
+    elsewhere = tier_directory.parent / "orbax"
+    with orbax.CheckpointManager(elsewhere) as manager:
+        manager.save(step, args=orbax.args.StandardSave({"w": weights(step)}))
+    (elsewhere / str(step)).rename(tier_directory / str(step))  # Orbax refuses a directory with our steps
+
+
+def write_a_newer_format(tier_directory, step):
+    with ocp.CheckpointManager(tier_directory.parent / "newer") as manager:
+        manager.save(step, args=StandardSave({"w": weights(step)}))
+    metadata = tier_directory.parent / "newer" / str(step) / ocp.manager.METADATA
+    metadata.write_text(metadata.read_text().replace("checkpoint.step/1", "checkpoint.step/2"))
+    metadata.parent.rename(tier_directory / str(step))
+
+
+FOREIGN = {"written by orbax": write_with_orbax, "a newer format": write_a_newer_format}
+
+
+@pytest.mark.parametrize("write", FOREIGN.values(), ids=FOREIGN)
+def test_a_folder_another_program_or_a_newer_version_wrote_is_left_alone(tmp_path, write):
+    with open_manager(tmp_path) as manager:
+        train(manager, range(13))  # local [10, 12], persistent [6, 12]
+    write(tmp_path / "local", 14)
+    theirs = files_of(tmp_path / "local" / "14")
+    restarted = open_manager(tmp_path)
+    left = r"step 14 in the local tier.*Left .*local/14 as it is: .*did not write it.*not this manager.s"
+    with pytest.warns(multitier.CheckpointFallbackWarning, match=left):
+        np.testing.assert_array_equal(restarted.restore()["w"], weights(12))
+    train(restarted, range(13, 30))
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["14", "26", "28"]
+    assert sorted(p.name for p in (tmp_path / "persistent").iterdir()) == ["18", "24"]
+    assert files_of(tmp_path / "local" / "14") == theirs
+
+
+def test_a_copy_that_fails_for_a_reason_other_than_damage_is_neither_moved_nor_deleted(tmp_path, monkeypatch):
+    with open_manager(tmp_path) as manager:
+        for step in range(15):
+            manager.save(step, args=ocp.args.Composite(state=StandardSave({"w": weights(step)}),
+                                                       data=ocp.args.JsonSave({"step": step})))
+        manager.wait_until_finished()
+        before = {tier: files_of(tmp_path / tier) for tier in ("local", "persistent")}
+        with pytest.raises(ocp.StructureMismatchError):  # the caller's target, not the copy, is wrong
+            manager.restore(args=ocp.args.Composite(state=ocp.args.StandardRestore({"w": np.zeros(3)})))
+        read_bytes = pathlib.Path.read_bytes
+
+        def permission_denied(path):
+            if path.name == "item.json":
+                raise PermissionError(13, "Permission denied", str(path))
+            return read_bytes(path)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(pathlib.Path, "read_bytes", permission_denied)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # not skipped as damage: raised
+                with pytest.raises(PermissionError):
+                    manager.restore()
+        assert {tier: files_of(tmp_path / tier) for tier in ("local", "persistent")} == before
+        manager.save(16, args=ocp.args.Composite(state=StandardSave({"w": weights(16)}),
+                                                 data=ocp.args.JsonSave({"step": 16})))
+        manager.wait_until_finished()
+        assert manager.local.all_steps() == [14, 16] and manager.persistent.all_steps() == [6, 12]
+
+
 # Preemption, in one process.
 
 def test_a_preemption_notice_saves_the_next_step_locally_and_then_reports_it(tmp_path):
@@ -184,6 +289,23 @@ def test_the_handler_only_records_the_notice(tmp_path):
 def test_bad_options_say_what_is_wrong_and_how_to_fix_it(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("step", [-2, 4.0, True])
+def test_steps_that_would_never_be_listed_are_refused_by_both_tiers(tmp_path, step):
+    with open_manager(tmp_path) as manager:
+        with pytest.raises((TypeError, ValueError), match="step must be a non-negative int"):
+            manager.save(step, args=StandardSave({"w": weights(0)}))
+    assert not list((tmp_path / "local").iterdir()) and not list((tmp_path / "persistent").iterdir())
+
+
+def test_numpy_integer_steps_are_saved_and_listed_as_ints_in_both_tiers(tmp_path):
+    with open_manager(tmp_path) as manager:
+        for step in np.arange(7):
+            manager.save(step, args=StandardSave({"w": weights(int(step))}))
+        manager.wait_until_finished()
+        assert manager.local.all_steps() == [4, 6] and manager.persistent.all_steps() == [0, 6]
+        assert all(type(step) is int for step in manager.all_steps())
 
 
 @pytest.mark.parametrize("persistent", [".", "./", "sub/persistent", ".."])

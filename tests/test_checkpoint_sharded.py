@@ -6,7 +6,10 @@ other shard, by a stand-in for `owned_shards`); the barrier is a `threading.Barr
 The real thing, two `jax.distributed` processes, runs in tests/test_llm_multihost.py.
 """
 
+import ast
 import json
+import pathlib
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -129,6 +132,8 @@ def test_an_interrupted_save_leaves_the_last_step_intact_and_is_cleaned_up(tmp_p
     (1, StandardSave({"w": jnp.ones(3)}), ocp.StepAlreadyExistsError, "already exists"),
     (2, StandardSave({"w": np.ones(3)}), TypeError, r"leaf at \['w'\] is a ndarray"),
     (2, Composite(data=JsonSave({1j})), TypeError, "item 'data': JsonSave needs"),
+    (-2, StandardSave({"w": jnp.ones(3)}), ValueError, "step must be a non-negative int"),
+    (2.0, StandardSave({"w": jnp.ones(3)}), TypeError, "step must be a non-negative int"),
 ])
 def test_bad_arguments_stop_every_process_before_the_first_barrier(tmp_path, step, args, error, fragment):
     sharded.save_sharded_step(tmp_path, 1, StandardSave({"w": jnp.ones(3)}), barrier=no_barrier,
@@ -138,3 +143,12 @@ def test_bad_arguments_stop_every_process_before_the_first_barrier(tmp_path, ste
         with pytest.raises(error, match=fragment):
             sharded.save_sharded_step(tmp_path, step, args, barrier=reached.append, is_primary=is_primary)
     assert reached == [] and sorted(p.name for p in tmp_path.iterdir()) == ["1"]
+
+
+def test_sharded_saves_use_only_the_public_names_of_the_other_checkpoint_modules():
+    tree = ast.parse(pathlib.Path(sharded.__file__).read_text())
+    private = [f"{ast.unparse(node)} (line {node.lineno})" for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and re.match(r"_[^_]", node.attr)]
+    private += [f"{alias.name} (line {node.lineno})" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) for alias in node.names if re.match(r"_[^_]", alias.name)]
+    assert private == []

@@ -13,10 +13,10 @@ The cache is `$STACKLIB_CACHE/align/<name>-<hash>/`, where the hash covers every
 of the `Recipe` and the base model's config: change a setting and a new model is trained,
 the old one is kept. The protocol is stacklib.checkpoint.zoo's (its docstring explains it):
 trained in a fresh process with one CPU device and one core, so the files are the same
-whoever asks first; written atomically; serialised by an exclusive lock; a cache that
-fails to load is deleted and rebuilt with a warning. The training time is kept apart
-from the model and its scores (the `timing` item), as the one thing that differs between
-two builds.
+whoever asks first; written atomically; serialised by an exclusive lock; a cache that is
+broken or was made with another recipe is deleted and rebuilt with a warning. The training
+time is kept apart from the model and its scores (the `timing` item), as the one thing that
+differs between two builds.
 
 Differences from llm.zoo: the models are fine-tuned copies of a `stacklib.llm` zoo model
 (which is itself cached), and each comes with an `info` dict of how it was made and how
@@ -59,7 +59,7 @@ def _load(directory: pathlib.Path, recipe: recipes.Recipe):
                                                               info=ocp.args.JsonRestore(),
                                                               timing=ocp.args.JsonRestore()))
     if restored.info.get("recipe") != recipe.to_dict():
-        raise ValueError("the cached model was made with another recipe")
+        raise checkpoint_zoo.StaleCacheError(f"the cached model in {directory} was made with another recipe")
     return nnx.merge(graphdef, restored.params), tokenizer, {**restored.info, **restored.timing}
 
 

@@ -18,6 +18,10 @@ Deleting an old step runs the same way backwards: rename `3` to `3.deleting-...`
 leaves a `.partial-` or `.deleting-` directory behind, which is never mistaken for a
 step and is removed by `cleanup_temporary_directories`.
 
+A damaged step is not deleted but set aside: `quarantine` renames `3` to
+`3.damaged-...`, which is never listed as a step (so the step number can be saved
+again) and which nothing here ever removes: a person decides, after looking at it.
+
 Differences from orbax: orbax's local protocol is the same rename (its temporary
 directories end in `.orbax-checkpoint-tmp-<n>`, and it writes a `commit_success.txt`
 on file systems without atomic rename, such as GCS); we only do the local one.
@@ -32,6 +36,7 @@ import uuid
 
 PARTIAL = ".partial-"
 DELETING = ".deleting-"
+DAMAGED = ".damaged-"
 
 
 def fsync_directory(path: pathlib.Path) -> None:
@@ -68,6 +73,19 @@ def remove(final: pathlib.Path) -> None:
     os.rename(final, doomed)
     fsync_directory(final.parent)
     shutil.rmtree(doomed)
+
+
+def quarantine(final: pathlib.Path) -> pathlib.Path:
+    """Rename a damaged committed directory out of the way; return its new name, `<name>.damaged-<random>`.
+
+    Nothing is deleted: the files stay for a person to inspect (which bytes went wrong,
+    and why) and to delete. The new name is not a step number, so no manager lists it, and
+    it is not temporary, so `cleanup_temporary_directories` leaves it alone.
+    """
+    aside = final.with_name(f"{final.name}{DAMAGED}{uuid.uuid4().hex[:8]}")
+    os.rename(final, aside)
+    fsync_directory(final.parent)
+    return aside
 
 
 def is_temporary(path: pathlib.Path) -> bool:

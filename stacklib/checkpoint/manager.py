@@ -28,18 +28,26 @@ What happens in `save(step, args=...)`:
 A step is visible to `all_steps()` only once it is complete, so a reader, or a job
 restarting after a crash, sees either the whole step or none of it.
 
+A manager deletes only what it wrote. A step folder whose metadata is not this library's
+(Orbax wrote it, a newer version of this library did, or it cannot be read) is listed, so
+that restoring it says what it is, but it is never counted by the keep policy, deleted or
+overwritten, and it does not stop later steps from being saved.
+
 Differences from orbax: single process (no multi-host barriers or primary host; sharded.py
 saves one step from several processes); `all_steps()` and `latest_step()` list only
 committed steps (orbax also counts the one being written); `restore()` without args works
-for every item, because the step's metadata records each item's format; no
-`item_handlers`, step-name formats, custom save-decision or preservation policy objects,
-`todelete_subdir` or background deletion.
+for every item, because the step's metadata records each item's format; `save` refuses a
+step that is negative, fractional or a bool (orbax writes `-1/`, `5.0/` or `True/` and then
+never lists it); retention and `delete` leave step folders another program wrote alone (orbax
+manages every step folder it lists); no `item_handlers`, step-name formats, custom
+save-decision or preservation policy objects, `todelete_subdir` or background deletion.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import pathlib
 import shutil
 import threading
@@ -54,9 +62,35 @@ METADATA = "_CHECKPOINT_METADATA"
 STEP_FORMAT = "stacklib.checkpoint.step/1"
 
 
-def _metadata_text(step: int, item_formats: dict[str, str], metrics: Any,
-                   custom_metadata: dict | None) -> str:
+def check_step(step: Any) -> int:
+    """`step` as an int, if it names a step folder that `all_steps()` will list; else an error with the fix.
+
+    A step is saved under the folder `str(step)`, and only folders named by a non-negative
+    integer are listed: `-1`, `5.0` or `True` would be written and then never seen again.
+    NumPy integers (a step counter kept in an array) are welcome and become ints.
+
+    Raises:
+      TypeError: `step` is not an integer, or is a bool.
+      ValueError: `step` is negative.
+    """
+    def refused(fix: str) -> str:
+        return (f"step must be a non-negative int (it names the step's folder, which all_steps() lists), "
+                f"got {step!r} ({type(step).__name__}): {fix}.")
+
+    if isinstance(step, bool):
+        raise TypeError(refused("a bool is not a step number; pass the training step counter"))
+    if not isinstance(step, numbers.Integral):
+        raise TypeError(refused("pass a whole number, e.g. int(step) if a float counts the steps"))
+    if step < 0:
+        raise ValueError(refused("steps count from 0, the first step of a run"))
+    return int(step)
+
+
+def step_metadata_text(step: int, item_formats: dict[str, str], metrics: Any,
+                       custom_metadata: dict | None) -> str:
     """A step's METADATA file: its items and their formats ("standard" or "json"), metrics, the time.
+
+    Also written by sharded.py, whose primary process commits a step that several wrote.
 
     Raises:
       TypeError: `metrics` or `custom_metadata` is not JSON-serialisable.
@@ -65,7 +99,7 @@ def _metadata_text(step: int, item_formats: dict[str, str], metrics: Any,
                        "custom_metadata": custom_metadata or {}, "timestamp": time.time()})
 
 
-def _json_text(name: str, value: Any) -> str:
+def json_item_text(name: str, value: Any) -> str:
     """A JsonSave item's text; TypeError naming the item if `value` is not JSON-serialisable."""
     try:
         return json.dumps(value)
@@ -149,24 +183,32 @@ class CheckpointManager:
             )
         if self._options.cleanup_tmp_directories:
             atomic.cleanup_temporary_directories(self._directory)
-        self._lock = threading.Lock()  # guards _checkpoints, which the writer thread updates
-        self._checkpoints = self._scan()  # [(step, metrics)], ascending
+        self._lock = threading.Lock()  # guards _checkpoints (the writer thread updates it) and _not_ours
+        self._checkpoints, self._not_ours = self._scan()
         self._thread: threading.Thread | None = None
         self._in_flight: int | None = None
         self._error: BaseException | None = None
 
     # What is there.
 
-    def _scan(self) -> list[tuple[int, Any]]:
-        found = []
+    def _scan(self) -> tuple[list[tuple[int, Any]], set[int]]:
+        """The listed steps as [(step, metrics)], ascending, and those of them this library did not write.
+
+        A folder named by a number with a METADATA file is listed whoever wrote it, so that
+        restoring it raises the error that says what it is. Only a step whose metadata is
+        ours is this manager's to count and delete: one Orbax or a newer version wrote, or
+        whose metadata cannot be read, might be anyone's.
+        """
+        found, not_ours = [], set()
         for path in self._directory.iterdir():
             if path.is_dir() and path.name.isdigit() and (path / METADATA).is_file():
                 try:
                     metrics = self._read_metadata(path).get("metrics")
                 except (NotACheckpointError, tree_files.CheckpointCorruptedError):
-                    metrics = None  # still listed: restoring it raises the error that names the file
+                    metrics = None
+                    not_ours.add(int(path.name))
                 found.append((int(path.name), metrics))
-        return sorted(found)
+        return sorted(found), not_ours
 
     def _read_metadata(self, step_dir: pathlib.Path) -> dict:
         path = step_dir / METADATA
@@ -224,15 +266,24 @@ class CheckpointManager:
         """Re-read the directory (after another process wrote to it)."""
         self.wait_until_finished()
         with self._lock:
-            self._checkpoints = self._scan()
+            self._checkpoints, self._not_ours = self._scan()
 
     # Saving.
 
+    def _own_checkpoints(self) -> list[tuple[int, Any]]:
+        with self._lock:
+            return [(step, metrics) for step, metrics in self._checkpoints if step not in self._not_ours]
+
     def should_save(self, step: int) -> bool:
-        """Whether `save(step, ...)` would write (interval, first save, newer than the latest)."""
-        if self._options.read_only:
+        """Whether `save(step, ...)` would write (interval, first save, newer than the latest).
+
+        "The latest" is the latest step this library wrote: a folder another program wrote
+        never makes later steps wait, though its own step number is never due.
+        """
+        if self._options.read_only or (self._directory / str(step)).exists():
             return False
-        steps = self.all_steps() + ([self._in_flight] if self._in_flight is not None else [])
+        steps = [step for step, _ in self._own_checkpoints()]
+        steps += [self._in_flight] if self._in_flight is not None else []
         return retention.should_save(step, steps, save_interval_steps=self._options.save_interval_steps,
                                      save_on_steps=self._options.save_on_steps)
 
@@ -241,7 +292,7 @@ class CheckpointManager:
         if isinstance(item, args_lib.StandardSave):
             return "standard", tree_files.snapshot(item.item)
         if isinstance(item, args_lib.JsonSave):
-            return "json", _json_text(name, item.item)
+            return "json", json_item_text(name, item.item)
         raise TypeError(f"item {name!r}: cannot save with {type(item).__name__}; "
                         "use StandardSave or JsonSave.")
 
@@ -253,11 +304,14 @@ class CheckpointManager:
           Whether a save was started (False: not due, and not `force`d).
 
         Raises:
-          StepAlreadyExistsError: `step` is already saved (steps are never overwritten).
+          StepAlreadyExistsError: `step` is already saved, or its folder exists (steps are never
+            overwritten).
+          TypeError, ValueError: `step` is not a non-negative int (`check_step`).
           TypeError: `args` is not checkpoint args, or an item cannot be saved as asked.
           Whatever the previous asynchronous save raised (it is reported here or in
           `wait_until_finished`, never lost).
         """
+        step = check_step(step)
         if args is None:
             raise ValueError("save needs args, e.g. save(step, args=args.StandardSave(state)).")
         items = args_lib.as_items(args)
@@ -267,11 +321,17 @@ class CheckpointManager:
         if self._options.read_only or (not force and not self.should_save(step)):
             return False
         self.wait_until_finished()  # one save at a time; raises the previous one's error
-        if step in self.all_steps():
+        if step in [saved for saved, _ in self._own_checkpoints()]:
             raise StepAlreadyExistsError(f"checkpoint for step {step} already exists in {self._directory}.")
+        if (self._directory / str(step)).exists():
+            raise StepAlreadyExistsError(
+                f"{self._directory / str(step)} already exists and was not written by this library (Orbax's, "
+                f"a newer version's, or its metadata cannot be read): it is never overwritten. Move it out "
+                f"of {self._directory} to save step {step} here.")
         prepared = {name: self._prepare(name, item) for name, item in items.items()}
         # fails here, on the caller, if metrics are not JSON
-        metadata_text = _metadata_text(step, {n: p[0] for n, p in prepared.items()}, metrics, custom_metadata)
+        metadata_text = step_metadata_text(step, {n: p[0] for n, p in prepared.items()}, metrics,
+                                           custom_metadata)
         self._in_flight = step
         if not self._options.enable_async_checkpointing:
             try:
@@ -308,13 +368,18 @@ class CheckpointManager:
             raise
         with self._lock:
             self._checkpoints = sorted(self._checkpoints + [(step, metrics)])
-        self._apply_retention()
+        self.delete_expired_steps()
 
-    def _apply_retention(self) -> None:
+    def delete_expired_steps(self) -> None:
+        """Delete the steps the keep policy (`max_to_keep`, `best_fn`) no longer keeps.
+
+        `save` calls this after every commit; sharded.py calls it after a step that several
+        processes wrote. Only steps this library wrote are counted or deleted.
+        """
         options = self._options
-        with self._lock:
-            steps = [step for step, _ in self._checkpoints]
-            metrics = [m for _, m in self._checkpoints]
+        own = self._own_checkpoints()
+        steps = [step for step, _ in own]
+        metrics = [m for _, m in own]
         keep = set(retention.steps_to_keep(
             steps, metrics, max_to_keep=options.max_to_keep, best_fn=options.best_fn,
             best_mode=options.best_mode,
@@ -330,10 +395,20 @@ class CheckpointManager:
         atomic.remove(self._directory / str(step))
 
     def delete(self, step: int) -> None:
-        """Delete a saved step."""
+        """Delete a saved step.
+
+        Raises:
+          FileNotFoundError: no such step.
+          NotACheckpointError: this library did not write the step's folder; it is never deleted.
+        """
         self.wait_until_finished()
         if step not in self.all_steps():
             raise self._no_such_step(step)
+        if step in self._not_ours:
+            raise NotACheckpointError(
+                f"{self._directory / str(step)} was not written by this library (Orbax's, a newer "
+                "version's, or its metadata cannot be read), so a manager never deletes it. Remove it "
+                "yourself (shutil.rmtree) if you mean to.")
         self._delete_committed(step)
 
     def is_saving_in_progress(self) -> bool:

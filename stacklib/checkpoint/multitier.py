@@ -30,9 +30,14 @@ which tier saves a step and which copy a restore reads:
 * `save(step)` saves to each tier whose interval is due; the tiers write in their own
   threads, so a slow persistent write does not hold up the local saves after it.
 * `restore()` tries every saved copy, newest step first and, for one step, the local copy
-  before the persistent one (`restore_order`). A copy that is missing or fails its
-  checksums is skipped with a `CheckpointFallbackWarning` that names the problem; the next
-  `save` deletes it, so that the run can save that step number again.
+  before the persistent one (`restore_order`). A copy it cannot read is skipped with a
+  `CheckpointFallbackWarning` that names the folder, the problem and what was done, and
+  nothing is ever deleted. A damaged copy (a file missing, truncated or failing its
+  checksum) is moved aside to `<step>.damaged-<random>` (atomic.quarantine), so that the run
+  can save that step number again and a person can look at what went wrong. A folder
+  another program (Orbax) or a newer version of this library wrote is left as it is. A copy
+  that fails for any other reason (a target of the wrong structure, a permission denied)
+  is not skipped: the error is raised, and nothing is moved.
 * Preemption. A preempted VM gets a notice (SIGTERM) and a grace period before it is
   killed. The handler only records the notice: it runs between two bytecodes of the main
   thread, possibly halfway through a training step (its state half updated) or inside
@@ -52,8 +57,9 @@ Differences from orbax:
   (the directory is per host, e.g. a RAM disk), and a restore broadcasts the state from
   a slice whose local copy is complete. Given a single slice it writes no local
   checkpoints at all. Nothing is replicated here: a lost machine loses its local tier.
-- `restore()` verifies checksums and falls back to another copy or an older step; orbax
-  restores the latest step it finds, local if a slice holds it, and does not fall back.
+- `restore()` verifies checksums and falls back to another copy or an older step, moving
+  damaged copies aside; orbax restores the latest step it finds, local if a slice holds it,
+  and does not fall back.
 - `restore()` takes `args` as our `CheckpointManager` does; orbax takes `global_mesh` and
   `abstract_state` when it is built and restores that one pytree.
 - The persistent interval must be a multiple of the local one (orbax accepts any); the
@@ -75,6 +81,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from stacklib.checkpoint import args as args_lib
+from stacklib.checkpoint import atomic
 from stacklib.checkpoint import manager as manager_lib
 from stacklib.checkpoint.tree_files import CheckpointCorruptedError
 
@@ -202,7 +209,6 @@ class CheckpointManager:
         self._tiers = {LOCAL: tier(local_directory, options.local, True),
                        PERSISTENT: tier(persistent_directory, options.persistent,
                                         options.cleanup_tmp_directories)}
-        self._damaged: set[tuple[str, int]] = set()  # copies restore() skipped; the next save deletes them
         self._preemption_noticed = False  # set by the signal handler, read by save()
         self._preempted_step: int | None = None  # the step saved because of the notice
         self.last_restore: RestoredFrom | None = None
@@ -251,7 +257,6 @@ class CheckpointManager:
         Raises:
           As `CheckpointManager.save` of either tier.
         """
-        self._delete_damaged_copies()
         if self._preemption_noticed and self._preempted_step is None:
             self.local.wait_until_finished()  # the step before is committed first
             if step not in self.local.all_steps():
@@ -261,15 +266,6 @@ class CheckpointManager:
             return True
         saved = [tier.save(step, args=args, metrics=metrics, force=force) for tier in self._tiers.values()]
         return any(saved)
-
-    def _delete_damaged_copies(self) -> None:
-        for tier_name, step in sorted(self._damaged):
-            tier = self._tiers[tier_name]
-            if step in tier.all_steps() and (tier.directory / str(step)).is_dir():
-                tier.delete(step)
-            elif tier.directory.is_dir():
-                tier.reload()  # already gone from the disk: forget it
-        self._damaged.clear()
 
     def notify_preemption(self) -> None:
         """Record a preemption notice; the next `save` acts on it. Safe to call from a signal handler."""
@@ -308,14 +304,16 @@ class CheckpointManager:
     def restore(self, step: int | None = None, args: args_lib.CheckpointArgs | None = None) -> Any:
         """Restore the newest intact copy of `step` (default: of any step), from either tier.
 
-        Copies are tried in `restore_order`; one that is missing or damaged is skipped with a
-        `CheckpointFallbackWarning`. `last_restore` then says which copy was read.
+        Copies are tried in `restore_order`. One that is damaged, gone, or not this library's
+        is skipped with a `CheckpointFallbackWarning`; a damaged one is moved aside (see the
+        module docstring). `last_restore` then says which copy was read.
 
         Raises:
           FileNotFoundError: neither tier holds `step` (or any step).
-          CheckpointCorruptedError: every copy was damaged (the message lists each problem).
+          CheckpointCorruptedError: no copy could be restored (the message lists each problem).
           StructureMismatchError, KeyError, TypeError: `args` do not fit the checkpoint; these
             are the caller's mistakes, not damage, so no other copy is tried.
+          OSError: a copy could not be read for a reason that is not damage (e.g. a permission).
         """
         copies = restore_order(self.local.all_steps(), self.persistent.all_steps())
         if step is not None:
@@ -331,14 +329,36 @@ class CheckpointManager:
             try:
                 restored = tier.restore(copy_step, args=args)
             except (CheckpointCorruptedError, manager_lib.NotACheckpointError, FileNotFoundError) as error:
-                problems.append(f"step {copy_step} in the {tier_name} tier ({tier.directory}): {error}")
-                self._damaged.add((tier_name, copy_step))
+                done = _set_aside_if_damaged(tier, copy_step, error)
+                where = f"step {copy_step} in the {tier_name} tier ({tier.directory})"
+                problems.append(f"{where}: {error} {done}")
                 warnings.warn(f"cannot restore {problems[-1]} Trying the next copy.",
                               CheckpointFallbackWarning, stacklevel=2)
                 continue
             self.last_restore = RestoredFrom(copy_step, tier_name, tuple(problems))
             return restored
         raise CheckpointCorruptedError("no saved copy could be restored:\n  " + "\n  ".join(problems))
+
+
+def _set_aside_if_damaged(tier: manager_lib.CheckpointManager, step: int, error: Exception) -> str:
+    """Move a damaged copy aside and leave anything else where it is; say which, and why.
+
+    Nothing is deleted: a folder whose metadata is not ours (NotACheckpointError) may be
+    Orbax's or a newer version's, and a damaged one holds what a person needs to find out
+    what went wrong.
+    """
+    folder = tier.directory / str(step)
+    if isinstance(error, CheckpointCorruptedError):
+        tier.wait_until_finished()  # the tier's listing changes below: no save of it may be running
+        aside = atomic.quarantine(folder)
+        tier.reload()
+        return (f"Moved {folder} aside to {aside.name}, so that step {step} can be saved again; it is "
+                "never listed or deleted: look at it, then delete it yourself.")
+    if isinstance(error, FileNotFoundError):
+        tier.reload()
+        return f"{folder} was deleted after it was listed: nothing to move."
+    return (f"Left {folder} as it is: this version of the library did not write it (another program such "
+            "as Orbax did, or a newer version), so it is not this manager's to move or delete.")
 
 
 def install_preemption_handler(manager: CheckpointManager,

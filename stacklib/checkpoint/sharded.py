@@ -130,18 +130,20 @@ def save_sharded_step(directory: str | os.PathLike, step: int, args: args_lib.Ch
 
     Raises:
       StepAlreadyExistsError: `step` is already saved (raised in every process).
+      TypeError, ValueError: `step` is not a non-negative int (`manager.check_step`).
       TypeError: an item is not StandardSave/JsonSave, or a standard leaf is not a jax.Array.
     """
+    step = manager.check_step(step)
     root = pathlib.Path(directory)
     final = root / str(step)
     temporary = final.with_name(f"{step}{atomic.PARTIAL}{_TEMPORARY}")
     items = args_lib.as_items(args)
     # Checked in every process before the first barrier, so that a bad argument stops them all.
-    texts = {name: manager._json_text(name, item.item)
+    texts = {name: manager.json_item_text(name, item.item)
              for name, item in items.items() if isinstance(item, args_lib.JsonSave)}
     trees = {name: _array_leaves(name, item) for name, item in items.items() if name not in texts}
     formats = {name: "json" if name in texts else "standard" for name in items}
-    metadata = manager._metadata_text(step, formats, metrics, custom_metadata)
+    metadata = manager.step_metadata_text(step, formats, metrics, custom_metadata)
     if final.exists():  # no process has passed the first barrier yet: all see the same answer
         raise manager.StepAlreadyExistsError(f"checkpoint for step {step} already exists in {root}.")
     if is_primary:
@@ -150,7 +152,7 @@ def save_sharded_step(directory: str | os.PathLike, step: int, args: args_lib.Ch
         for name in trees:
             (temporary / name).mkdir()
     barrier(f"checkpoint-{step}-created")
-    files = {name: [tree_files._file_name(index, jax.tree_util.keystr(key_path))
+    files = {name: [tree_files.leaf_file_name(index, jax.tree_util.keystr(key_path))
                     for index, (key_path, _) in enumerate(leaves)] for name, leaves in trees.items()}
     for name, leaves in trees.items():
         for file, (_, leaf) in zip(files[name], leaves, strict=True):
@@ -160,13 +162,13 @@ def save_sharded_step(directory: str | os.PathLike, step: int, args: args_lib.Ch
         for name, text in texts.items():
             tree_files.write_json(temporary / name, text)
         for name, leaves in trees.items():
-            entries = [tree_files._manifest_entry(
-                jax.tree_util.keystr(key_path), [tree_files._encode_key(k) for k in key_path], "jax",
+            entries = [tree_files.manifest_entry(
+                jax.tree_util.keystr(key_path), tree_files.encode_key_path(key_path), "jax",
                 leaf.dtype, leaf.shape, file, _checksum_and_fsync(temporary / name / file))
                 for file, (key_path, leaf) in zip(files[name], leaves, strict=True)]
-            tree_files._write_manifest(temporary / name, entries)
+            tree_files.write_manifest(temporary / name, entries)
         tree_files.write_file(temporary / manager.METADATA, metadata.encode())
         atomic.commit(temporary, final)
         options = manager.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False)
-        manager.CheckpointManager(root, options=options)._apply_retention()
+        manager.CheckpointManager(root, options=options).delete_expired_steps()
     barrier(f"checkpoint-{step}-committed")

@@ -25,6 +25,11 @@ Three steps, each for a reason:
    first compares structures and shapes and raises `StructureMismatchError` listing
    every differing path.
 
+The manifest is written through four public functions, `leaf_file_name`,
+`encode_key_path`, `manifest_entry` and `write_manifest`: `write_tree` uses them, and so
+does sharded.py, whose processes write the leaf files themselves, so that both write the
+same manifest.
+
 Leaves are identified by their path (`jax.tree_util.keystr`, e.g. `['params']['w']`), so a
 target of another container type with the same paths (an `nnx.State` for the dicts it
 was saved from) restores.
@@ -70,6 +75,15 @@ class HostLeaf:
     array: np.ndarray
 
 
+def encode_key_path(key_path: tuple) -> list:
+    """A jax key path as JSON, e.g. `[["dict", "params"], ["seq", 0]]`: rebuilds the tree without a target.
+
+    Raises:
+      TypeError: a key cannot be saved (a dict key that is not a str or int, an unknown key type).
+    """
+    return [_encode_key(key) for key in key_path]
+
+
 def _encode_key(key: Any) -> list:
     if isinstance(key, jax.tree_util.DictKey):
         if not isinstance(key.key, str | int):
@@ -113,7 +127,7 @@ def snapshot(tree: Any) -> list[HostLeaf]:
                 f"cannot save the leaf at {path}: a {type(leaf).__name__}. StandardSave takes arrays and "
                 "Python bool/int/float; save other values with args.JsonSave."
             )
-        snapshot_leaves.append(HostLeaf(path, [_encode_key(k) for k in key_path], kind, array))
+        snapshot_leaves.append(HostLeaf(path, encode_key_path(key_path), kind, array))
     return snapshot_leaves
 
 
@@ -132,19 +146,27 @@ def write_file(path: pathlib.Path, data: bytes | memoryview) -> int:
     return checksum
 
 
-def _file_name(index: int, path: str) -> str:
+def leaf_file_name(index: int, path: str) -> str:
+    """The file of the `index`-th leaf, at `path`: `00000.params.w.bin` (the number keeps names unique)."""
     words = re.findall(r"[A-Za-z0-9_]+", path)  # ['params']['w'] -> params.w
     return f"{index:05d}.{'.'.join(words)[:80] or 'leaf'}.bin"
 
 
-def _manifest_entry(path: str, keys: list, kind: str, dtype: Any, shape: tuple, file: str,
-                    checksum: int) -> dict:
-    """One leaf's line in the manifest (also written by sharded.py, which has no HostLeaf)."""
+def manifest_entry(path: str, keys: list, kind: str, dtype: Any, shape: tuple, file: str,
+                   checksum: int) -> dict:
+    """One leaf's entry in the manifest.
+
+    Args:
+      path: the leaf's `jax.tree_util.keystr`; `keys`: its `encode_key_path`.
+      kind: what to restore it as without a target (see `HostLeaf.kind`).
+      dtype, shape: the array's; `file`: its `leaf_file_name`; `checksum`: the CRC-32 of its bytes.
+    """
     return {"path": path, "keys": keys, "kind": kind, "dtype": np.dtype(dtype).name, "shape": list(shape),
             "file": file, "crc32": checksum}
 
 
-def _write_manifest(directory: pathlib.Path, entries: list[dict]) -> None:
+def write_manifest(directory: pathlib.Path, entries: list[dict]) -> None:
+    """Write the manifest of `manifest_entry`s into `directory`, last: it completes the saved pytree."""
     write_file(directory / MANIFEST, json.dumps({"format": FORMAT, "leaves": entries}, indent=1).encode())
 
 
@@ -153,11 +175,11 @@ def write_tree(directory: pathlib.Path, leaves: list[HostLeaf]) -> None:
     directory.mkdir()
     entries = []
     for index, leaf in enumerate(leaves):
-        name = _file_name(index, leaf.path)
+        name = leaf_file_name(index, leaf.path)
         checksum = write_file(directory / name, _raw_bytes(leaf.array))
-        entries.append(_manifest_entry(leaf.path, leaf.keys, leaf.kind, leaf.array.dtype, leaf.array.shape,
-                                       name, checksum))
-    _write_manifest(directory, entries)
+        entries.append(manifest_entry(leaf.path, leaf.keys, leaf.kind, leaf.array.dtype, leaf.array.shape,
+                                      name, checksum))
+    write_manifest(directory, entries)
 
 
 def read_manifest(directory: pathlib.Path) -> list[dict]:
@@ -292,11 +314,17 @@ def write_json(directory: pathlib.Path, text: str) -> None:
 
 
 def read_json(directory: pathlib.Path) -> Any:
-    """Read a JSON item, checking its checksum."""
+    """Read a JSON item, checking its checksum.
+
+    Raises:
+      CheckpointCorruptedError: a file is missing, its manifest is not the JSON this module
+        writes, or the item fails its checksum. Any other error (a permission denied, a disk
+        error) is not damage to the files and is raised as it is.
+    """
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
         data = (directory / manifest["json"]).read_bytes()
-    except (OSError, ValueError, KeyError) as error:
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as error:  # ValueError: not JSON or UTF-8
         raise CheckpointCorruptedError(f"{directory} is not a readable JSON item: {error}") from None
     if zlib.crc32(data) != manifest["crc32"]:
         damaged = directory / manifest["json"]

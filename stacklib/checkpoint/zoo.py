@@ -31,8 +31,11 @@ the second wait while the first trains; it then finds the model and loads it.
 
 **A partial or corrupt cache** (a process killed mid-write, a damaged file). The model is
 written into a temporary directory and renamed into place only when complete (an atomic
-commit, as in chapter 05), and every file carries a CRC-32. A cache that fails to load for
-any reason (missing, checksum, other shapes) is deleted and rebuilt, with a warning.
+commit, as in chapter 05, fsynced so that the rename survives a power loss), and every file
+carries a CRC-32. A cache that fails to load with one of the `BROKEN_CACHE_ERRORS` (files
+missing, truncated, damaged, in another format, of other shapes, or stale) is deleted and
+rebuilt, with a warning. Any other error is a bug in the loader: it is raised, and the cache
+is kept.
 
 Mirrors the shape of `transformers.AutoModel.from_pretrained` (a name in, a model out, a
 local cache keyed by name, an environment variable to move it) with training in place of
@@ -57,13 +60,34 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from stacklib.checkpoint import args as ocp_args
-from stacklib.checkpoint.manager import CheckpointManager, CheckpointManagerOptions
+from stacklib.checkpoint import atomic
+from stacklib.checkpoint.manager import CheckpointManager, CheckpointManagerOptions, NotACheckpointError
+from stacklib.checkpoint.tree_files import CheckpointCorruptedError, StructureMismatchError
 
 CACHE_ENV = "STACKLIB_CACHE"
 BUILDER_ENV = "STACKLIB_ZOO_BUILDER"  # set in the builder process: build here, do not spawn again
 BUILD_DEVICES = 1
 BUILD_CORES = 1
 T = TypeVar("T")
+
+
+class StaleCacheError(ValueError):
+    """A loader's verdict on intact cached files: they were built for another configuration.
+
+    A zoo's loader raises it when what the files say they hold (a config, a recipe) is not
+    what the caller asked for, so that `load_or_build` trains the model again.
+    """
+
+
+# The errors that mean the cache, not the code reading it, is broken; `load_or_build` rebuilds
+# on these and on nothing else, so that a bug in a loader (a TypeError, a KeyError) surfaces:
+BROKEN_CACHE_ERRORS = (
+    FileNotFoundError,  # nothing committed: a build killed before its rename, an emptied folder
+    CheckpointCorruptedError,  # a file missing, truncated, or failing its CRC-32
+    NotACheckpointError,  # step metadata missing or in another format (another version's cache)
+    StructureMismatchError,  # intact files of other shapes: built by an earlier version of the code
+    StaleCacheError,  # intact files built for another config (the loader's own check)
+)
 
 
 def cache_root() -> pathlib.Path:
@@ -89,12 +113,17 @@ def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
     """The cache protocol every zoo shares: `load(directory)`, building it once first if needed.
 
     Under an exclusive lock on `<directory>.lock`: delete the partial writes a killed process
-    left behind, then load `directory` if it exists; if it cannot be loaded for any reason,
-    delete it with a warning that says why. If there is nothing to load, run `build`
-    ("module:function", called as `function(directory=..., **request)`) in the fixed build
-    process (`run`), then load what it wrote: the first caller gets the same model, from the
+    left behind, then load `directory` if it exists; if that raises one of the
+    `BROKEN_CACHE_ERRORS`, delete it with a warning that says why. If there is nothing to
+    load, run `build` ("module:function", called as `function(directory=..., **request)`) in
+    the fixed build process (`run`), then load what it wrote: the first caller gets the same model, from the
     same files, as every later one. `build` must write `directory` atomically (into a
     temporary name, renamed into place when complete): `write_atomically` does.
+
+    Raises:
+      Whatever `load` raises that is not one of the `BROKEN_CACHE_ERRORS`: a bug in the
+        loader, which rebuilding would hide (and pay minutes of training for).
+      RuntimeError: the build failed (see `run`).
     """
     root, key = directory.parent, directory.name
     with _exclusive(root / f"{key}.lock"):
@@ -103,7 +132,7 @@ def load_or_build(directory: pathlib.Path, load: Callable[[pathlib.Path], T],
         if directory.exists():
             try:
                 return load(directory)
-            except Exception as error:  # noqa: BLE001 - any unreadable cache is rebuilt, and we say why
+            except BROKEN_CACHE_ERRORS as error:
                 warnings.warn(f"The cached model {key!r} in {directory} cannot be loaded "
                               f"({type(error).__name__}: {error}); training it again.", stacklevel=3)
                 shutil.rmtree(directory)
@@ -118,13 +147,15 @@ def write_atomically(directory: pathlib.Path, step: int, items: dict[str, Any]) 
     """Save `items` (name -> `ocp.args` save argument) as checkpoint `step` of a new `directory`.
 
     Written into a temporary sibling and renamed into place when complete, so a reader
-    sees the whole model or none of it. The step's build configuration is saved with it.
+    sees the whole model or none of it; the parent is fsynced after the rename, so that the
+    new name is on the disk too. The step's build configuration is saved with it.
     """
     staging = directory.with_name(f"{directory.name}.partial-{uuid.uuid4().hex[:8]}")
     manager = CheckpointManager(staging, options=CheckpointManagerOptions(enable_async_checkpointing=False))
     manager.save(step, args=ocp_args.Composite(**items, built_with=ocp_args.JsonSave(build_configuration())))
     manager.close()
     os.replace(staging, directory)  # directory does not exist here: the rename is atomic
+    atomic.fsync_directory(directory.parent)
 
 
 def open_latest(directory: pathlib.Path, fix: str = "") -> tuple[CheckpointManager, int]:

@@ -24,7 +24,7 @@ import jax
 
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
-from stacklib.checkpoint.zoo import cache_root, load_or_build, open_latest, write_atomically
+from stacklib.checkpoint.zoo import StaleCacheError, cache_root, load_or_build, open_latest, write_atomically
 from stacklib.diffusion import train
 from stacklib.diffusion.config import Config, load_config
 from stacklib.diffusion.model import DiT
@@ -57,7 +57,7 @@ def _load(directory: pathlib.Path, config: Config) -> tuple[DiT, Config]:
     manager, step = open_latest(directory)
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     if saved != config.to_dict():
-        raise ValueError("the cached model was trained with another config")
+        raise StaleCacheError("the cached model was trained with another config")
     graphdef, abstract = nnx.split(jax.eval_shape(lambda: train.make_model(config)), nnx.Param)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
     return nnx.merge(graphdef, restored.params), config

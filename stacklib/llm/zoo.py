@@ -12,9 +12,10 @@ The cache is `$STACKLIB_CACHE/llm/<name>/` (default `~/.cache/stacklib/llm/<name
 The protocol is `stacklib.checkpoint.zoo`'s, shared by every zoo (its docstring explains
 it): trained in a fresh process with one CPU device and one core, so the files are the same
 whoever asks first; serialised by an exclusive lock, so training happens once; written
-atomically and checksummed; a cache that fails to load is deleted and rebuilt with a
-warning. This file holds what is particular to language models: the zoo's configs, and
-how to build and load a `Transformer`.
+atomically and checksummed; a cache that is broken or stale (of another architecture than
+the zoo's entry now asks for) is deleted and rebuilt with a warning. This file holds what
+is particular to language models: the zoo's configs, and how to build and load a
+`Transformer`.
 
 Differences from `transformers.AutoModel.from_pretrained`, whose shape it mirrors: no hub,
 no revisions; the "weights" are a function of this library's code and this Python's
@@ -32,7 +33,7 @@ import jax
 import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib.checkpoint.zoo import CACHE_ENV as CACHE_ENV  # re-exported: tests and users set it
-from stacklib.checkpoint.zoo import cache_root, load_or_build, open_latest, write_atomically
+from stacklib.checkpoint.zoo import StaleCacheError, cache_root, load_or_build, open_latest, write_atomically
 from stacklib.llm import train
 from stacklib.llm.config import MODEL_KEYS, Config, load_config
 from stacklib.llm.model import Transformer
@@ -101,6 +102,14 @@ def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -
     return nnx.merge(graphdef, restored.params)
 
 
+def _load_cached(directory: pathlib.Path, config: Config) -> Transformer:
+    """The cached model; one of another architecture is stale (the zoo's entry changed since)."""
+    try:
+        return load_model_dir(directory, config)
+    except train.ArchitectureMismatchError as error:
+        raise StaleCacheError(str(error)) from error
+
+
 def build(directory: str, config: dict[str, Any]) -> None:
     """Train the model of `config` (a full `Config` dict) and write it into `directory`.
 
@@ -123,6 +132,6 @@ def pretrained(name: str = "stdlib-bytes") -> tuple[Transformer, ByteTokenizer]:
       KeyError: `name` is not in the zoo.
     """
     config = zoo_config(name)
-    model = load_or_build(cache_dir() / name, lambda directory: load_model_dir(directory, config),
+    model = load_or_build(cache_dir() / name, lambda directory: _load_cached(directory, config),
                           "stacklib.llm.zoo:build", {"config": config.to_dict()})
     return model, ByteTokenizer()
