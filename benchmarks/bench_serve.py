@@ -47,7 +47,7 @@ import stacklib.nn as nnx
 import stacklib.serve as serve
 from benchmarks.timing import median_seconds
 from stacklib import hw
-from stacklib.examples import digits_classifier
+from stacklib.nn import digits_classifier
 from stacklib.serve import lm
 from stacklib.serve.batching import DynamicBatcher
 from stacklib.serve.client import load_test

@@ -12,9 +12,11 @@ Layers (a module imports only from layers below it):
   2  parallel, kernels, quant
   3  llm, diffusion
   4  align, infer, serve
-  5  capstone
-On top of them all, free to import anything: `cases` (the exercises' grading cases) and
-`examples` (whole programs that combine components, such as chapter 05's resumable run).
+  5  capstone, examples
+`examples` holds whole programs that combine components, such as chapter 05's resumable
+run; like the capstone, nothing in stacklib imports them. On top of them all, like the
+tests, sit `cases` (the exercises' grading cases, which the grader loads by id): they may
+import anything, and nothing in stacklib imports them.
 """
 
 __version__ = "0.1.0"

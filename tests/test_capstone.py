@@ -1,12 +1,16 @@
 """stacklib.capstone's pieces at tiny sizes (chapter 16 runs them all, end to end, under nbval)."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT
 from jax.sharding import NamedSharding, PartitionSpec
 
 import stacklib.nn as nnx
@@ -94,3 +98,84 @@ def test_the_exported_model_loads_in_a_fresh_process_and_generates_like_the_mode
     assert result.bitwise and result.generated_equal and result.model_code_imported == []
     assert result.generated.shape == (2, 13) and np.array_equal(result.generated[:, :8], tokens)
     assert set(result.manifest["platforms"]) == {"cpu", "tpu", "cuda"}
+
+
+# A report whose every claim holds, built without running anything, and one planted failure per
+# claim family. The same source runs here and in a `python -O` child (where `assert` is removed).
+PLANTED_REPORTS = """
+import dataclasses
+from types import SimpleNamespace as NS
+import numpy as np
+from stacklib.capstone import post_training, quantization, run, training
+
+LOSSES = [3.0 - 0.1 * step for step in range(20)]
+
+
+def good_report(**changes):
+    killed = training.KilledRun([{"step": s, "loss": LOSSES[s - 1]} for s in range(1, 15)],
+                                committed_steps=[8], returncode=-9, local_committed_steps=[8, 12])
+    tiers = NS(local_checkpoint_dir="/tmp/local", local_checkpoint_every=4, checkpoint_every=8)
+    whole = NS(losses=list(LOSSES), params={"w": np.ones(3, np.float32)})
+    resumed = NS(config=tiers, start_step=12, losses=LOSSES[12:], params={"w": np.ones(3, np.float32)})
+    profile = NS(steps=1, groups={"matmul": 0.75, "other": 0.25}, mfu=0.3)
+    grpo = post_training.GrpoStage("grpo", None, None, [], 10.0, 40.0, [0.2, 0.5], 1.0, {}, [])
+    quant = quantization.QuantResult(None, 1.50, 1.505, 4000, 1100, 40.0, 39.0)
+    served = NS(completions=["a", "b"], engine_completions=["a", "b"])
+    export = NS(bitwise=True, generated_equal=True, model_code_imported=[])
+    parts = dict(training=whole, killed=killed, resumed=resumed, profile=profile, post_training=grpo,
+                 quant=quant, serving=served, export=export, served_model="grpo")
+    parts.update(changes)
+    return run.CapstoneReport(**parts)
+
+
+def changed(namespace, **changes):
+    return NS(**{**vars(namespace), **changes})
+
+
+def planted():
+    good = good_report()
+    return {
+        "not killed by SIGKILL": good_report(killed=dataclasses.replace(good.killed, returncode=0)),
+        "resumed losses differ": good_report(resumed=changed(good.resumed, losses=LOSSES[12:-1] + [9.0])),
+        "resumed weights differ": good_report(resumed=changed(good.resumed, params={"w": np.zeros(3)})),
+        "did not learn": good_report(training=NS(losses=LOSSES[::-1], params=good.training.params)),
+        "MFU above 1": good_report(profile=NS(steps=1, groups={"matmul": 1.0}, mfu=1.7)),
+        "int8 over the margin": good_report(quant=dataclasses.replace(good.quant, int8_loss=2.0)),
+        "served completions differ": good_report(serving=changed(good.serving, completions=["a", "c"])),
+        "artifact not bitwise": good_report(export=changed(good.export, bitwise=False)),
+        "GRPO gained too little": good_report(post_training=dataclasses.replace(good.post_training,
+                                                                               accuracy_after=11.0)),
+    }
+"""
+
+
+def test_a_report_whose_claims_hold_passes_and_a_failed_claim_says_what_was_expected_and_measured():
+    from stacklib.capstone.claims import ClaimFailed
+
+    namespace = {}
+    exec(PLANTED_REPORTS, namespace)
+    namespace["good_report"]().check()
+    broken = namespace["planted"]()["not killed by SIGKILL"]
+    with pytest.raises(ClaimFailed, match="SIGKILL: expected return code -9, measured return code 0"):
+        broken.check()
+
+
+def test_every_planted_claim_failure_raises_under_python_O():
+    # `assert` statements vanish under -O: the claims must be explicit raises.
+    code = PLANTED_REPORTS + """
+import json
+run.CapstoneReport.check(good_report())
+raised = {}
+for name, report in planted().items():
+    try:
+        report.check()
+        raised[name] = None
+    except AssertionError as error:
+        raised[name] = type(error).__name__
+print(json.dumps(raised))
+"""
+    result = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    raised = json.loads(result.stdout.strip().splitlines()[-1])
+    assert raised == {name: "ClaimFailed" for name in raised}, raised

@@ -12,7 +12,7 @@ from conftest import run_python
 
 import stacklib.nn as nnx
 import stacklib.serve as serve
-from stacklib.examples import digits_classifier
+from stacklib.nn import digits_classifier
 from stacklib.serve.batching import DynamicBatcher, bucket_sizes
 
 BATCH_SIZES = (1, 2, 3, 7, 16, 33)
@@ -86,7 +86,7 @@ model = serve.load({str(directory)!r})
 got = np.asarray(model(np.load({str(tmp_path / "x.npy")!r})))
 assert np.array_equal(got, np.load({str(tmp_path / "expected.npy")!r}))
 banned = [m for m in sys.modules
-          if m.split(".")[0] == "flax" or m.startswith(("stacklib.nn", "stacklib.examples"))]
+          if m.split(".")[0] == "flax" or m.startswith("stacklib.nn")]
 assert not banned, banned
 print("ok")
 """)

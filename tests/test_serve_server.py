@@ -23,7 +23,7 @@ from conftest import ROOT
 import stacklib.nn as nnx
 import stacklib.serve as serve
 from stacklib import http as stack_http
-from stacklib.examples import digits_classifier
+from stacklib.nn import digits_classifier
 from stacklib.serve.repository import AVAILABLE, FAILED, ModelRepository
 from stacklib.serve.server import create_app
 

@@ -4,7 +4,7 @@
 
     from stacklib.capstone import run, dashboard, swap
     report = run.run_all()                     # the six stages, in order
-    report.check()                             # every claim, asserted
+    report.check()                             # every claim; ClaimFailed names the one that fails
     dashboard.plot(report)                     # loss, goodput, time shares, quality, throughput
     ours, rows = swap.swap_matrix(config)      # the same program, each component ours or real
 
@@ -19,6 +19,7 @@ The pieces, one file each:
   serving.py        stage 6: the inference engine behind its OpenAI-compatible server, queried
                     with the openai client; the exported artifact loaded in a fresh process
   run.py            the stages in order, the report and its checks
+  claims.py         `claim` and `ClaimFailed`: checks that `python -O` does not remove
   dashboard.py      the one figure
   swap.py           the swap matrix: one training program; data, modules, optimizer, checkpoint
                     and quantization each ours or the real library's (grain, flax.nnx, optax,

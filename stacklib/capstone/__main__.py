@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     from stacklib.capstone import dashboard, run
+    from stacklib.capstone.claims import ClaimFailed
 
     report = run.run_all(args.workdir)
     try:
         report.check()
-    except AssertionError as failed:
+    except ClaimFailed as failed:
         print(f"python -m stacklib.capstone: a claim failed: {failed}", file=sys.stderr)
         return 1
     dashboard.plot(report).savefig(args.figure, dpi=120)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from stacklib.capstone.claims import claim
+
 LIVE_STEPS = 2  # GRPO steps run here, from the SFT start
 LIVE_PROMPTS = 8  # prompts per live step (the recipe uses 64): the demonstration, not the result
 MIN_GAIN = 20.0  # points of held-out accuracy GRPO must add (the book's bar for chapter 13)
@@ -78,10 +80,19 @@ class GrpoStage:
                 "live_steps": len(self.live_rewards), "live_rewards": self.live_rewards}
 
     def check(self) -> None:
-        assert self.accuracy_after - self.accuracy_before >= MIN_GAIN, (
-            f"GRPO added {self.accuracy_after - self.accuracy_before:.1f} points held out, "
-            f"below the {MIN_GAIN} the recipe promises")
-        assert len(self.live_rewards) == LIVE_STEPS and all(0 <= r <= 1 for r in self.live_rewards)
+        """Check stage 4's claims, under `python -O` too.
+
+        Raises:
+          ClaimFailed: naming the claim that failed, what it expected and what was measured.
+        """
+        gain = self.accuracy_after - self.accuracy_before
+        claim(gain >= MIN_GAIN, "GRPO adds the held-out accuracy the recipe promises",
+              expected=f"at least {MIN_GAIN} points",
+              measured=f"{gain:.1f} points ({self.accuracy_before:.1f}% -> {self.accuracy_after:.1f}%)")
+        claim(len(self.live_rewards) == LIVE_STEPS, "stage 4 logged a mean reward for each live GRPO step",
+              expected=f"{LIVE_STEPS} rewards", measured=f"{len(self.live_rewards)}")
+        claim(all(0 <= r <= 1 for r in self.live_rewards), "each live step's mean reward is in [0, 1]",
+              expected="rewards in [0, 1]", measured=f"{self.live_rewards}")
 
 
 def run_grpo(seed: int = 0, *, prompts: int = 3) -> GrpoStage:

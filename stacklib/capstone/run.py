@@ -1,7 +1,7 @@
 """The capstone run: every stage in order, one report, one figure.
 
     report = run.run_all(workdir)           # stages 1-6
-    report.check()                          # every claim, asserted
+    report.check()                          # every claim; ClaimFailed names the first that fails
     dashboard.plot(report)
 
 The stages (each a function the chapter also calls on its own):
@@ -33,6 +33,7 @@ import numpy as np
 
 from stacklib import llm
 from stacklib.capstone import post_training, profiling, quantization, serving, training
+from stacklib.capstone.claims import claim, first_difference
 from stacklib.llm import data, zoo
 
 PROMPTS = ["def main(", "import os\n", "class Config"]  # stage 6, for the stdlib-bytes model
@@ -115,37 +116,71 @@ class CapstoneReport:
                 ("6. served (openai burst)", self.serving.tokens_per_second)]
 
     def check(self) -> None:
-        """Assert every claim the capstone makes (no timing is asserted).
+        """Check every claim the capstone makes (no timing is checked), under `python -O` too.
 
         Raises:
-          AssertionError: naming the claim that failed.
+          ClaimFailed: naming the claim that failed, what it expected and what was measured.
         """
         kill_at, tiers = self.killed.killed_at, self.resumed.config
-        assert self.killed.returncode == -9, f"the child was not killed by SIGKILL ({self.killed.returncode})"
-        assert tiers.local_checkpoint_dir, "stage 2's run has no local tier (local_checkpoint_dir)"
-        assert self.resumed.start_step == kill_at - kill_at % tiers.local_checkpoint_every, \
-            f"resumed from step {self.resumed.start_step}, not the local tier's last step before {kill_at}"
-        assert self.steps_lost_without_local_tier == kill_at % tiers.checkpoint_every, \
-            f"the persistent tier's last step before step {kill_at} is {self.killed.last_persistent_step}"
-        assert self.steps_lost_with_local_tier < self.steps_lost_without_local_tier, \
-            "the local tier did not shorten the work lost to the kill"
-        assert self.resumed_bitwise, "the resumed run's final weights differ from the uninterrupted run's"
-        assert self.resumed.losses == self.training.losses[self.resumed.start_step:], "loss curves differ"
-        assert [r["loss"] for r in self.killed.records] == self.training.losses[:kill_at], \
-            "the killed child's losses differ from the uninterrupted run's"
-        assert self.training.losses[-1] < self.training.losses[0], "stage 1 did not learn"
-        assert self.profile.steps >= 1 and abs(sum(self.profile.groups.values()) - 1) < 1e-9
-        assert 0 < self.profile.mfu < 1, f"MFU {self.profile.mfu} is not a fraction"
+        claim(self.killed.returncode == -9, "stage 2's child was killed by SIGKILL",
+              expected="return code -9", measured=f"return code {self.killed.returncode}")
+        claim(bool(tiers.local_checkpoint_dir), "stage 2's run has a local tier",
+              expected="a local_checkpoint_dir", measured=repr(tiers.local_checkpoint_dir))
+        local_step = kill_at - kill_at % tiers.local_checkpoint_every
+        claim(self.resumed.start_step == local_step,
+              f"stage 2 resumed from the local tier's last step before the kill at step {kill_at}",
+              expected=f"step {local_step}", measured=f"step {self.resumed.start_step}")
+        persistent_step = kill_at - kill_at % tiers.checkpoint_every
+        claim(self.killed.last_persistent_step == persistent_step,
+              f"the persistent tier's last step before the kill at step {kill_at}",
+              expected=f"step {persistent_step}", measured=f"step {self.killed.last_persistent_step}")
+        lost_with, lost_without = self.steps_lost_with_local_tier, self.steps_lost_without_local_tier
+        claim(lost_with < lost_without, "the local tier shortens the work lost to the kill",
+              expected=f"fewer than {lost_without} steps lost", measured=f"{lost_with} steps lost")
+        claim(self.resumed_bitwise,
+              "the resumed run's final weights equal the uninterrupted run's, bit for bit",
+              expected="equal bits", measured="different bits")
+        start = self.resumed.start_step
+        expected_losses = self.training.losses[start:]
+        claim(self.resumed.losses == expected_losses,
+              "the resumed run's losses equal the uninterrupted run's",
+              expected=f"the uninterrupted run's losses from step {start + 1}",
+              measured=first_difference(self.resumed.losses, expected_losses))
+        killed_losses = [r["loss"] for r in self.killed.records]
+        claim(killed_losses == self.training.losses[:kill_at],
+              "the killed child's losses equal the uninterrupted run's",
+              expected=f"the uninterrupted run's first {kill_at} losses",
+              measured=first_difference(killed_losses, self.training.losses[:kill_at]))
+        claim(self.training.losses[-1] < self.training.losses[0], "stage 1 learned",
+              expected=f"a final loss below the first, {self.training.losses[0]:.4f}",
+              measured=f"{self.training.losses[-1]:.4f}")
+        claim(self.profile.steps >= 1, "stage 3 profiled a step",
+              expected="at least 1 step", measured=f"{self.profile.steps} steps")
+        shares = sum(self.profile.groups.values())
+        claim(abs(shares - 1) < 1e-9, "stage 3's time shares per op group add up to 1",
+              expected="1 (within 1e-9)", measured=f"{shares!r}")
+        claim(0 < self.profile.mfu < 1, "stage 3's MFU is a fraction",
+              expected="0 < MFU < 1", measured=f"{self.profile.mfu!r}")
         quant = self.quant
-        assert quant.within_margin, (
-            f"int8 lost more than the margin: loss {quant.float_loss:.4f} -> {quant.int8_loss:.4f} (margin "
-            f"{quantization.LOSS_MARGIN}), accuracy {quant.float_accuracy} -> {quant.int8_accuracy}")
-        assert self.quant.int8_bytes < self.quant.float_bytes / 2.5, "int8 weights are not ~4x smaller"
-        assert self.serving.completions == self.serving.engine_completions, \
-            "greedy completions through the server differ from the engine's"
-        assert self.export.bitwise, "the artifact's logits in a fresh process differ from the jitted model's"
-        assert self.export.generated_equal, "greedy tokens from the artifact differ from llm.generate's"
-        assert not self.export.model_code_imported, f"the artifact needed {self.export.model_code_imported}"
+        claim(quant.within_margin, "int8 PTQ stays within its margins",
+              expected=f"a loss increase <= {quantization.LOSS_MARGIN} and an accuracy drop <= "
+                       f"{quantization.ACCURACY_MARGIN} points",
+              measured=f"loss {quant.float_loss:.4f} -> {quant.int8_loss:.4f}, "
+                       f"accuracy {quant.float_accuracy} -> {quant.int8_accuracy}")
+        claim(quant.int8_bytes < quant.float_bytes / 2.5, "int8 weights are about 4x smaller",
+              expected=f"fewer than {quant.float_bytes / 2.5:.0f} bytes (float: {quant.float_bytes})",
+              measured=f"{quant.int8_bytes} bytes")
+        claim(self.serving.completions == self.serving.engine_completions,
+              "greedy completions through the server equal the engine's",
+              expected="the engine's completions",
+              measured=first_difference(self.serving.completions, self.serving.engine_completions))
+        claim(self.export.bitwise,
+              "the artifact's logits in a fresh process equal the jitted model's, bit for bit",
+              expected="equal bits", measured="different bits")
+        claim(self.export.generated_equal, "greedy tokens from the artifact equal llm.generate's",
+              expected="the same tokens", measured="different tokens")
+        claim(not self.export.model_code_imported, "the artifact runs without the model's code",
+              expected="no model module imported", measured=f"{self.export.model_code_imported}")
         if self.post_training is not None:
             self.post_training.check()
 

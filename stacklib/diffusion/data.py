@@ -1,7 +1,7 @@
 """Class-conditional digits, fed by `stacklib.data`: scikit-learn's 8×8 images, no download.
 
 The 1797 images of `sklearn.datasets.load_digits` (the same data chapter 02 trains its
-classifier on, `stacklib.examples.digits_classifier.digits()`), scaled from [0, 1] to
+classifier on, `stacklib.nn.digits_classifier.digits()`), scaled from [0, 1] to
 [-1, 1] (the range the samplers clip to) and shaped (8, 8, 1). Every `heldout_every`-th
 image is held out: the Fréchet distance (metrics.py) compares samples with those.
 
@@ -20,7 +20,7 @@ import numpy as np
 
 import stacklib.data as grain
 from stacklib.diffusion.config import Config
-from stacklib.examples import digits_classifier
+from stacklib.nn import digits_classifier
 
 
 def to_model_range(images: np.ndarray) -> np.ndarray:

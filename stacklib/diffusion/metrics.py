@@ -3,7 +3,7 @@
 A generative model is judged by a second model. For images the standard pair is the
 Inception network's verdicts: the Inception score and the Fréchet Inception Distance (FID,
 Heusel et al. 2017). We keep both ideas and swap the judge for the book's own digits
-classifier (`stacklib.examples.digits_classifier`, chapters 02 and 15):
+classifier (`stacklib.nn.digits_classifier`, chapters 02 and 15):
 
 * **class accuracy**: the share of samples generated for class y that the classifier
   calls y (with and without guidance);
@@ -31,7 +31,7 @@ import numpy as np
 
 import stacklib.nn as nnx
 from stacklib.diffusion.data import to_pixel_range
-from stacklib.examples import digits_classifier
+from stacklib.nn import digits_classifier
 
 
 @dataclasses.dataclass

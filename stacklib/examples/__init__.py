@@ -4,6 +4,7 @@
 an optimizer, a data pipeline and checkpoints). Run one as a script,
 `python -m stacklib.examples.resumable_training DIR`, or import it.
 
-They sit on top of the layering, like `stacklib.cases` and the tests: they may import any
-component and any real library, and no component imports them.
+They are layer 5, beside the capstone: they may import any component below and any real
+library, and no component imports them. (Chapter 02's digits classifier, which other
+components use, is `stacklib.nn.digits_classifier`.)
 """

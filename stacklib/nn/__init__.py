@@ -30,6 +30,8 @@ The subset, file by file:
   helpers.py        Sequential, summary (ours: a plain-text parameter table)
   spmd.py           with_partitioning (logical axis names as `out_sharding` metadata)
   initializers.py   jax.nn.initializers, as flax re-exports them
+  digits_classifier.py  ours, not flax's, and not imported here: chapter 02's digits MLP,
+                    its data and its training loop, for every layer above to share
 
 Training uses the functional path: `split` outside `jax.jit`, `merge` inside, `split`
 again on the way out, `update` to write back. A module is also a pytree, as in flax 0.12,

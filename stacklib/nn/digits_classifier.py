@@ -5,6 +5,10 @@ bundled 8×8 digits (no download) with hand-written SGD, exactly as chapter 02 t
 `predict_function(model)` returns what `stacklib.serve.export` takes: a pure function
 `predict(params, x)` closed over the graph definition (and the non-parameter state, in
 eval mode), and the parameters as plain nested dicts (an nnx State cannot be serialized).
+
+It lives in `stacklib.nn` (layer 1) because it needs nothing else, so that every layer
+above may import it: chapter 15 serves it, chapter 17's diffusion trains on `digits()`
+and judges its samples with the classifier, and the tests and benchmarks use both.
 """
 
 from __future__ import annotations
