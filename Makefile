@@ -12,7 +12,7 @@ NOTEBOOKS := chapters
 PYTEST_NOTEBOOK_FLAGS := --nbval-lax --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
-.PHONY: install book test test-fast test-py313 test-accelerator notebooks exercises grade bench margins lint lock clean
+.PHONY: install book test test-fast test-slow test-py313 test-accelerator notebooks exercises grade bench margins lint lock clean
 
 # Byte-code is compiled once, here, in parallel: the suite starts ~150 Python processes
 # (kernels, servers, builders, workers), and where PYTHONDONTWRITEBYTECODE is set (as on CI)
@@ -69,6 +69,11 @@ test: $(STAMP)  ## everything: units, parity, grading, every notebook, structura
 
 test-fast: $(STAMP)  ## the Python tests only, without executing notebooks or building the book
 	$(TEST_ENV) $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" tests
+
+# The property tests draw their cases with a fixed seed: `make test` tries 30 engine schedules
+# (about 15 s), this tries 300 (a few minutes), the ones a change to the scheduler should face.
+test-slow: $(STAMP)  ## the property tests at ten times as many examples
+	STACKLIB_SLOW_TESTS=1 $(TEST_ENV) $(BIN)/python -m pytest -p no:xdist tests/test_infer_schedules.py
 
 # Colab runs Python 3.13: the same pinned stack in a second venv, the Python tests (not the
 # slow ones) and chapters 00, 01, 12, 14 with their solutions and exercises. Not part of `make

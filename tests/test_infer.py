@@ -226,11 +226,30 @@ def test_prompts_beyond_the_context_are_rejected_with_the_limit(engine):
         engine.generate("x" * 128, SamplingParams(max_tokens=1))
 
 
+def test_decode_only_steps_lay_out_one_query_row_per_sequence_not_the_token_bucket(engine):
+    runner = engine.llm_engine.runner
+    runner.query_rows = dict.fromkeys(runner.query_rows, 0)
+    engine.generate("def ", _greedy(5))  # a 4-token prefill (bucket 4), then 4 decode-only steps
+    S, N = 8, 4  # max_num_seqs; the smallest token bucket
+    assert runner.query_rows == {"computed": S * N + 4 * S * 1, "padded_to_token_bucket": 5 * S * N}
+
+
+def test_a_refused_prompt_in_a_list_leaves_none_of_the_list_queued(engine):
+    with pytest.raises(ValueError, match="maximum context length is 128"):
+        engine.generate(["def ", "import os\n", "x" * 100], SamplingParams(max_tokens=40))
+    assert not engine.llm_engine.has_unfinished_requests()
+    assert not engine.llm_engine.scheduler.has_unfinished()
+    (output,) = engine.generate("class ", _greedy(3))  # the next call runs its own prompt only
+    assert output.prompt == "class " and len(output.outputs[0].token_ids) == 3
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(block_size=0), "block_size=0 must be a positive integer"),
     (dict(max_num_seqs=-1), "max_num_seqs=-1 must be a positive integer"),
     (dict(max_model_len=1.5), "max_model_len=1.5 must be a positive integer"),
     (dict(max_model_len=129), "exceeds the model's max_seq_len=128"),
+    (dict(max_num_seqs=8, max_num_batched_tokens=4),
+     "max_num_batched_tokens=4 is smaller than max_num_seqs=8"),
 ])
 def test_engine_settings_that_cannot_work_are_refused_by_name(model, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -94,6 +94,16 @@ def test_each_implementation_equals_gathering_the_cache_and_the_reference(case, 
     np.testing.assert_allclose(out, _gathered_reference(**batch), rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_decode_only_batch_with_max_query_len_1_equals_the_reference(implementation):
+    # The engine passes max_query_len=1 when every sequence decodes one token: the Pallas kernel
+    # then lays out one query row per sequence instead of the step's token bucket.
+    q_lens, kv_lens, options = CASES["decode-only"]
+    batch = _batch(q_lens, kv_lens, **options)
+    out = ragged_paged_attention(**batch, max_query_len=1, implementation=implementation)
+    np.testing.assert_allclose(out, _gathered_reference(**batch), rtol=0, atol=ATOL)
+
+
 def test_repeat_calls_are_bitwise_equal_and_jit_with_traced_tables_agrees():
     batch = _batch((1, 5, 1), (12, 7, 3))
     for implementation in IMPLEMENTATIONS:

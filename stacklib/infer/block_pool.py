@@ -186,11 +186,19 @@ class KVCacheManager:
         table.extend(self.pool.get_new_blocks(needed))
         return True
 
-    def cache_blocks(self, seq_id: str, tokens: Sequence[int]) -> None:
-        """Name the sequence's full blocks whose keys and values are now computed (`tokens`)."""
-        hashes = self._hashes(tokens, self.block_hashes.get(seq_id, []))
+    def cache_blocks(self, seq_id: str, computed_tokens: Sequence[int]) -> None:
+        """Name the sequence's blocks whose every slot holds a computed key and value.
+
+        `computed_tokens` are the sequence's tokens whose keys and values are in the cache.
+        The sequence may know the hashes of more full blocks (`get_computed_blocks` hashed its
+        whole prompt), but a block a prefill chunk has only partly written must not be named:
+        a request that finds it would start past tokens nobody computed, and if this sequence
+        is aborted or preempted now, nobody ever will. (vLLM's `cache_full_blocks` rule.)
+        """
+        hashes = self._hashes(computed_tokens, self.block_hashes.get(seq_id, []))
         self.block_hashes[seq_id] = hashes
-        for block_id, block_hash in zip(self.block_tables[seq_id], hashes, strict=False):
+        num_full = len(computed_tokens) // self.block_size
+        for block_id, block_hash in zip(self.block_tables[seq_id][:num_full], hashes[:num_full], strict=True):
             if self.pool.blocks[block_id].block_hash is None:
                 self.pool.cache_full_block(block_id, block_hash)
 

@@ -28,7 +28,7 @@ HELP = {
     "max_model_len": "the longest prompt + output (default: the model's max_seq_len)",
     "max_num_seqs": "the most sequences decoded in one step",
     "max_num_batched_tokens": "the most tokens one step may run; a longer prompt is pre-filled in chunks "
-                              "(default: max(max_model_len, 512))",
+                              "(default: max(max_model_len, 512, max_num_seqs)); at least max_num_seqs",
     "block_size": "token slots per KV-cache block",
     "num_gpu_blocks_override": "the KV cache's size in blocks (default: max_num_seqs full sequences)",
     "enable_prefix_caching": "share full prompt blocks between requests",
@@ -60,6 +60,13 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive integer ({HELP[name]}).")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            # Every running sequence needs at least one token of a step's budget; with fewer, the
+            # sequences at the back of the batch would wait step after step (vLLM refuses it too).
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+                             f"max_num_seqs={self.max_num_seqs}: a step could not give every running "
+                             f"sequence its next token. Use max_num_batched_tokens>={self.max_num_seqs} "
+                             "or lower max_num_seqs.")
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}; "
                              "leave it None for float weights.")
@@ -76,7 +83,8 @@ class EngineConfig:
         if max_model_len > max_seq_len:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_seq_len={max_seq_len}; "
                              f"use max_model_len<={max_seq_len}.")
-        batched = self.max_num_batched_tokens or max(max_model_len, 512)  # a longer prompt is chunked
+        # A longer prompt is chunked; the budget always holds one token per running sequence.
+        batched = self.max_num_batched_tokens or max(max_model_len, 512, self.max_num_seqs)
         blocks_per_seq = -(-max_model_len // self.block_size)
         num_blocks = self.num_gpu_blocks_override or self.max_num_seqs * blocks_per_seq + 1
         if num_blocks - 1 < blocks_per_seq:

@@ -21,7 +21,10 @@ layer.
 Shapes are bucketed so XLA compiles a handful of programs once: N is padded up to a power
 of two, S is always `max_num_seqs` (absent sequences have no tokens) and M the most blocks
 a sequence can have. Padding tokens write into the null block 0 and are never read
-unmasked. `warmup()` compiles every bucket.
+unmasked. The most new tokens any sequence has, `max_query_len`, is bucketed on its own:
+the Pallas kernel lays each sequence's queries out in that many rows, so a decode-only step
+(one token per sequence) passes 1, not its token bucket N, and computes S rows instead of
+S × N (`query_rows` counts them). `warmup()` compiles every bucket.
 
 Mirrors vLLM's `GPUModelRunner` / TPU model runner (one flattened batch of scheduled
 tokens, paddings as in `tpu_model_runner.py`). Differences: no CUDA graphs; the logits of
@@ -56,11 +59,12 @@ def bucket(size: int, sizes: list[int]) -> int:
     raise ValueError(f"{size} is larger than the largest bucket {sizes[-1]}.")
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+@functools.partial(jax.jit, static_argnums=0, static_argnames="max_query_len", donate_argnums=(2, 3))
 def paged_forward(graphdef, params, k_cache, v_cache, tokens, positions, slot_mapping, block_tables,
-                  kv_lens, query_start_loc):
+                  kv_lens, query_start_loc, *, max_query_len):
     """One step of chapter 12's model: the logits at each sequence's last token (S, vocab), and the pool."""
-    cache = PagedKVCache(k_cache, v_cache, block_tables, slot_mapping, kv_lens, query_start_loc)
+    cache = PagedKVCache(k_cache, v_cache, block_tables, slot_mapping, kv_lens, query_start_loc,
+                         max_query_len)
     logits, cache = nnx.merge(graphdef, params)(tokens, positions, cache=cache)  # (1, N, vocab)
     last = jnp.maximum(query_start_loc[1:] - 1, 0)  # (S,); a sequence without tokens reads a padding row
     return logits[0, last], cache.k, cache.v
@@ -88,6 +92,9 @@ class ModelRunner:
         most = min(max_num_batched_tokens, max_num_seqs * max_model_len)  # what a step can hold
         self.token_buckets = _buckets(min(4, most), most)
         self.num_steps = 0
+        # Query rows the Pallas kernel computes (max_num_seqs × max_query_len per step), and what
+        # they would be if every step padded its sequences' queries to the token bucket N.
+        self.query_rows = {"computed": 0, "padded_to_token_bucket": 0}
 
     @property
     def cache_bytes(self) -> int:
@@ -125,10 +132,14 @@ class ModelRunner:
             offset += len(new)
             starts[s + 1] = offset
         starts[len(chunks) + 1:] = offset  # absent sequences own no tokens
+        max_query_len = 1 if all(len(new) == 1 for new, _, _ in chunks) else N  # decode-only: 1
         logits, self.k_cache, self.v_cache = paged_forward(
             self.graphdef, self.params, self.k_cache, self.v_cache, jnp.asarray(ids), jnp.asarray(positions),
-            jnp.asarray(slots), jnp.asarray(tables), jnp.asarray(kv_lens), jnp.asarray(starts))
+            jnp.asarray(slots), jnp.asarray(tables), jnp.asarray(kv_lens), jnp.asarray(starts),
+            max_query_len=max_query_len)
         self.num_steps += 1
+        self.query_rows["computed"] += self.max_num_seqs * max_query_len
+        self.query_rows["padded_to_token_bucket"] += self.max_num_seqs * N
         return np.asarray(logits)[: len(chunks)]
 
     def warmup(self) -> None:
@@ -137,4 +148,8 @@ class ModelRunner:
         for N in self.token_buckets:
             lengths = [self.max_model_len] * (N // self.max_model_len) + [N % self.max_model_len]
             self.execute([([0] * n, 0, table) for n in lengths if n])
+            decoding = min(N, self.max_num_seqs)  # a decode-only step of this bucket, if there is one
+            if bucket(decoding, self.token_buckets) == N:
+                self.execute([([0], 0, table)] * decoding)
         self.num_steps = 0
+        self.query_rows = dict.fromkeys(self.query_rows, 0)

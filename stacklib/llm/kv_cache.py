@@ -100,6 +100,9 @@ class PagedKVCache(NamedTuple):
         slot_mapping     (1, N)   the pool slot each new key/value is written to
         kv_lens          (S,)     cached positions of each sequence after this step
         query_start_loc  (S + 1,) where each sequence's tokens start in the row
+        max_query_len    a static int: the most new tokens any sequence has (None: N). The
+                         Pallas kernel pads every sequence's queries to it, so a decode-only
+                         step passes 1 rather than its token bucket.
 
     Tokens past `query_start_loc[S]` are padding, written to the null block's slots and never read.
     """
@@ -110,6 +113,7 @@ class PagedKVCache(NamedTuple):
     slot_mapping: jax.Array
     kv_lens: jax.Array
     query_start_loc: jax.Array
+    max_query_len: int | None = None
 
     def attend(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                attention: Attention) -> tuple[jax.Array, PagedKVCache]:
@@ -126,5 +130,6 @@ class PagedKVCache(NamedTuple):
         cache = self._replace(k=write(self.k, k), v=write(self.v, v))
         out = kernels.ragged_paged_attention(  # (B*T, H, D); padding tokens give 0
             q.reshape(B * T, H, D), cache.k[layer], cache.v[layer], self.kv_lens, self.block_tables,
-            self.query_start_loc, max_query_len=min(T, M * block_size))  # no sequence has more
+            self.query_start_loc,
+            max_query_len=min(self.max_query_len or T, T, M * block_size))  # no sequence has more
         return out.reshape(B, T, H, D), cache
