@@ -13,11 +13,15 @@ import subprocess
 import sys
 import time
 
+import jax.numpy as jnp
+import numpy as np
 import openai
 import pytest
 from conftest import ROOT
 
+import stacklib.nn as nnx
 from stacklib import http as stack_http
+from stacklib import llm as stack_llm
 from stacklib.infer import LLM, SamplingParams
 from stacklib.infer.serve import create_app
 
@@ -115,6 +119,25 @@ def test_a_batch_of_prompts_gets_one_choice_per_prompt_and_completion_streamed_o
     assert streamed == expected
 
 
+def test_a_batch_of_prompts_enters_the_engine_together_and_shares_its_steps(server, client, llm):
+    engine = llm.llm_engine
+    _wait_until_idle(engine)
+    before, max_tokens, prompts = engine.num_steps, 8, ["def ", "import os\n", "class "]
+    response = client.completions.create(model=NAME, prompt=prompts, n=2, max_tokens=max_tokens,
+                                         temperature=0, extra_body={"ignore_eos": True})
+    assert [c.finish_reason for c in response.choices] == ["length"] * 6
+    # One step pre-fills the 6 sequences and samples their first tokens; each later step decodes
+    # one more token for all of them. Admitted one prompt after another, they take more steps.
+    assert engine.num_steps - before == max_tokens
+
+
+def _wait_until_idle(engine):
+    deadline = time.monotonic() + WAIT
+    while engine.has_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.has_unfinished_requests()
+
+
 def test_chat_completions_stream_and_not_use_the_chat_template(server, client):
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f("}]
     prompt = "<|system|>\nYou write Python.\n<|user|>\ndef f(\n<|assistant|>\n"
@@ -165,12 +188,13 @@ def _post(server, body: bytes, path: str = "/v1/completions"):
     (json.dumps({"model": NAME, "prompt": ["ok", "x" * 200], "max_tokens": 1}).encode(), 400, "prompt",
      "Shorten"),
 ])
-def test_bad_requests_get_vllm_error_bodies_and_the_server_keeps_serving(server, client, body, status, param,
-                                                                        message):
+def test_bad_requests_get_vllm_error_bodies_and_the_server_keeps_serving(server, client, llm, body, status,
+                                                                        param, message):
     got, payload = _post(server, body)
     assert got == status and set(payload["error"]) == {"message", "type", "param", "code"}
     assert payload["error"]["code"] == status and payload["error"]["param"] == param
     assert message in payload["error"]["message"], payload
+    assert not llm.llm_engine.has_unfinished_requests()  # nothing of a refused batch stays queued
     assert client.completions.create(model=NAME, prompt="ok", max_tokens=2, temperature=0).choices[0].text
 
 
@@ -245,6 +269,79 @@ def test_64_concurrent_clients_all_get_complete_greedy_answers(server, client):
         texts = [f.result(timeout=WAIT).choices[0].text for f in futures]
     assert texts == expected
     assert time.monotonic() - start < WAIT
+
+
+def _utf8_bigram_model():
+    """A one-layer Transformer whose next byte depends on the last one only: a bigram table.
+
+    The byte-level zoo model rarely writes a character of several bytes, so this one is built
+    to: after an ASCII byte or a whole character it starts "é" (2 bytes), "→" (3) or "😀" (4)
+    with probability 0.2 each, and it sometimes breaks one off ("\xc3x", "\xe2\x86y") or writes
+    0xFF, which is never UTF-8. The attention and MLP write nothing (zero output projections),
+    so the residual stream is the one-hot embedding of the last token, which the final RMSNorm
+    scales to 16 (= sqrt(d_model)); the output projection is the log-probabilities over 16.
+    """
+    follow = {0xC3: {0xA9: 0.9, ord("x"): 0.1}, 0xE2: {0x86: 1.0}, 0x86: {0x92: 0.9, ord("y"): 0.1},
+              0xF0: {0x9F: 1.0}, 0x9F: {0x98: 1.0}, 0x98: {0x80: 1.0}}
+    start = {0xC3: 0.2, 0xE2: 0.2, 0xF0: 0.2, ord("a"): 0.2, ord(" "): 0.1, 0xFF: 0.05, ord("\n"): 0.05}
+    logp = np.full((256, 256), -30.0, np.float32)  # (last byte, next byte)
+    for last in range(256):
+        for following, p in follow.get(last, start).items():
+            logp[last, following] = np.log(p)
+    config = stack_llm.Config(d_model=256, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=8, d_ff=8)
+    model = stack_llm.Transformer(config, rngs=nnx.Rngs(0))
+    layer = model.layers[0]
+    model.embed_tokens.embedding.value = jnp.eye(256)
+    layer.self_attn.o_proj.kernel.value = jnp.zeros_like(layer.self_attn.o_proj.kernel.value)
+    layer.mlp.down_proj.kernel.value = jnp.zeros_like(layer.mlp.down_proj.kernel.value)
+    model.lm_head.kernel.value = jnp.asarray(logp / 16)
+    return model
+
+
+@pytest.fixture(scope="module")
+def utf8_client():
+    # Small buckets: this model compiles in seconds, and a batch of 2 prompts x n=2 fits.
+    bigram = LLM(_utf8_bigram_model(), max_num_seqs=4, block_size=4, max_num_batched_tokens=16)
+    with stack_http.Server(create_app(bigram, "utf8")) as running:
+        yield openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+
+
+def _split_characters(text):
+    """The characters of `text` that took several tokens: with bytes as tokens, every non-ASCII one."""
+    return {c for c in text if ord(c) > 127 and c != "\ufffd"}  # U+FFFD: bytes that were not UTF-8
+
+
+@pytest.mark.parametrize("stop", [None, ["é😀"], ["\n😀", "→ "]])
+def test_seeded_completion_streams_add_up_to_the_text_with_multi_byte_characters_and_stops(utf8_client, stop):
+    kwargs = dict(model="utf8", prompt=["é → 😀 ", "naïve"], n=2, max_tokens=40, temperature=1.0, seed=7,
+                  stop=stop)
+    whole = utf8_client.completions.create(**kwargs)
+    streamed, finish = [""] * 4, [None] * 4
+    for chunk in utf8_client.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            assert finish[choice.index] is None  # nothing after a choice's last chunk
+            streamed[choice.index] += choice.text
+            finish[choice.index] = choice.finish_reason
+    texts = [c.text for c in whole.choices]
+    assert streamed == texts
+    assert finish == [c.finish_reason for c in whole.choices]
+    assert all(_split_characters(text) for text in texts)  # so the test cannot pass vacuously
+    assert any("\ufffd" in text for text in texts)  # and broken characters stream as they end
+    if stop:
+        assert {c.stop_reason for c in whole.choices} - {None} <= set(stop) and "stop" in finish
+        assert not any(s in text for s in stop for text in texts)
+
+
+def test_seeded_chat_streams_add_up_to_the_message_with_multi_byte_characters(utf8_client):
+    kwargs = dict(model="utf8", messages=[{"role": "user", "content": "é → 😀?"}], n=2, max_tokens=30,
+                  temperature=1.0, seed=3)
+    whole = utf8_client.chat.completions.create(**kwargs)
+    streamed = [""] * 2
+    for chunk in utf8_client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    texts = [c.message.content for c in whole.choices]
+    assert streamed == texts and all(_split_characters(text) for text in texts)
 
 
 def test_the_command_line_server_starts_serves_and_stops():

@@ -14,7 +14,10 @@ The pieces, one file each:
   scheduler.py        continuous batching, chunked prefill, preemption, stop rules; owns the cache
   model_runner.py     one compiled step (decodes and prompt chunks): chapter 12's model, PagedKVCache
   quantization.py     weight-only int8/int4 serving with stacklib.quant's rules
+  detokenizer.py      token ids to text a step at a time: whole characters, stop strings
   engine.py           LLMEngine (add_request / step / abort_request) and LLM.generate
+  async_engine.py     the engine stepped in a thread, for the server's asyncio requests
+  protocol.py         the OpenAI API's request bodies (pydantic) and pieces of its answers
   serve.py            /v1/completions, /v1/chat/completions, /v1/models, /health on stacklib.http
 
 Layer 4: it imports llm (layer 3), quant (layer 2), nn and http (layer 1).

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from stacklib.infer.config import EngineConfig
+from stacklib.infer.detokenizer import IncrementalDetokenizer
 from stacklib.infer.model_runner import ModelRunner
 from stacklib.infer.outputs import CompletionOutput, Logprob, RequestOutput
 from stacklib.infer.quantization import quantize_weights
@@ -44,6 +45,7 @@ class _Request:
     def __init__(self, request_id, prompt, prompt_token_ids, params, seqs):
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
         self.params, self.seqs = params, seqs
+        self.detokenizers = [IncrementalDetokenizer(params.stop, params.min_tokens) for _ in seqs]
         self.completions = [CompletionOutput(i, "", [], 0.0 if params.logprobs is not None else None,
                                              [] if params.logprobs is not None else None)
                             for i in range(len(seqs))]
@@ -163,15 +165,15 @@ class LLMEngine:
                                           self.tokenizer.decode([token])))
             completion.logprobs.append(top)
             completion.cumulative_logprob += float(logp[token])
-        completion.text = self.tokenizer.decode(seq.output_token_ids)
-        if stop is None and len(seq.output_token_ids) >= params.min_tokens:
-            # Stop strings need the text, so the engine (vLLM: its detokenizer) checks them.
-            for stop_string in params.stop:
-                at = completion.text.find(stop_string)
-                if at >= 0:
-                    completion.text, stop = completion.text[:at], ("stop", stop_string)
-                    self.scheduler.finish(seq)
-                    break
+        # The text grows by whole characters and holds back what a stop string could still take
+        # back, so a stream of its differences adds up to the final text (detokenizer.py).
+        detokenizer = request.detokenizers[seq.index]
+        stop_string = detokenizer.update([token], final=stop is not None)
+        if stop_string is not None:  # a stop string ends it, even on its last token (as in vLLM)
+            if stop is None:
+                self.scheduler.finish(seq)
+            stop = ("stop", stop_string)
+        completion.text = detokenizer.output_text(finished=stop is not None)
         if stop is not None:
             completion.finish_reason, completion.stop_reason = stop
 
@@ -261,11 +263,16 @@ class LLM:
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts; "
                              "give one, or one per prompt.")
         engine, ids = self.llm_engine, []
-        for prompt, p in zip(prompts, params, strict=True):
-            request_id = str(next(self._ids))
-            ids_or_text = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
-            engine.add_request(request_id, ids_or_text, p)
-            ids.append(request_id)
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                request_id = str(next(self._ids))
+                ids_or_text = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+                engine.add_request(request_id, ids_or_text, p)
+                ids.append(request_id)
+        except Exception:  # all the prompts run or none: a refused one takes the others out of the queue
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise
         finished = {}
         while engine.has_unfinished_requests():
             for output in engine.step():

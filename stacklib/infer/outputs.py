@@ -24,7 +24,9 @@ class CompletionOutput:
 
     Attributes:
       index: which of the request's `n` completions.
-      text: the generated text (a stop string, if one ended it, is cut off).
+      text: the generated text (a stop string, if one ended it, is cut off). While the
+        completion runs: whole characters only, without the last characters a stop string
+        could still take back, so each text starts with the one before (detokenizer.py).
       token_ids: the generated token ids.
       cumulative_logprob: sum of the chosen tokens' log-probabilities.
       logprobs: per generated token, `{token_id: Logprob}` (None unless asked for).
