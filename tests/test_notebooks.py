@@ -105,9 +105,14 @@ def _toc_files():
     return [entry["file"] for part in toc["parts"] for entry in part["chapters"]]
 
 
-def test_every_chapter_and_exercise_notebook_is_in_the_toc_and_nothing_else():
+# Besides the notebooks, the book has two pages: the instructor's and the maintainer's guide.
+GUIDES = ["instructors", "CONTRIBUTING"]
+
+
+def test_every_chapter_and_exercise_notebook_and_the_guides_are_in_the_toc_and_nothing_else():
     expected = [f"chapters/{p.stem}" for p in notebooks("chapters")]
     expected += [f"exercises/{p.stem}" for p in notebooks("exercises")]
+    expected += GUIDES
     assert sorted(_toc_files()) == sorted(expected)
 
 
