@@ -27,7 +27,11 @@ A config is a frozen dataclass that subclasses `FlatConfig` and names its base f
     config = config.replace(learning_rate=1e-3)     # in code
 
 Both `stacklib.llm.config` (chapter 12) and `stacklib.diffusion.config` (chapter 17) are
-built on it.
+built on it, and both trainers save the config with every checkpoint. A checkpoint is bound
+to the settings that decide what its weights mean (`weight_keys()`: shapes, vocabulary,
+objective); `check_checkpoint` refuses to resume from one saved under other values, naming
+each key, the checkpoint's value, the config's and the fix, where continuing would silently
+train another model's weights.
 
 Differences from MaxText's pyconfig: a field's type is its default's type (`int`, `float`,
 `bool` or `str`); no derived keys, no YAML inheritance between files, no
@@ -48,6 +52,10 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration key, value or combination that cannot work; the message says the fix."""
+
+
+class CheckpointMismatchError(ConfigError):
+    """A checkpoint was saved under settings that give its weights another meaning than the config's."""
 
 
 class FlatConfig:
@@ -74,6 +82,42 @@ class FlatConfig:
 
     def check(self) -> None:
         """Raise `ConfigError` for settings that are each fine but cannot work together."""
+
+    def weight_keys(self) -> tuple[str, ...]:
+        """The settings that decide what the weights mean (shapes, vocabulary, objective); default none.
+
+        A checkpoint fits only a config with the same values: `check_checkpoint` refuses the rest.
+        Settings of how the weights are trained or computed (learning rate, steps, remat) may change.
+        """
+        return ()
+
+    def check_checkpoint(self, saved: Mapping[str, Any] | None, where: str) -> None:
+        """Refuse a checkpoint whose saved config differs from this one in a `weight_keys()` setting.
+
+        Args:
+          saved: the config saved with the checkpoint (`to_dict()`), or None if it holds none.
+          where: the checkpoint's directory, for the message.
+
+        Raises:
+          CheckpointMismatchError: naming each differing key, the checkpoint's value and the
+            config's, and the overrides that fit; or that the checkpoint holds no config.
+        """
+        keys = self.weight_keys()
+        if saved is None:
+            raise CheckpointMismatchError(
+                f"The checkpoint in {where} holds no config (it was written before runs saved theirs), so "
+                f"nothing says what its weights mean ({', '.join(keys)}). Start a new run in another "
+                "checkpoint_dir, or delete that checkpoint.")
+        different = {key: (saved.get(key), getattr(self, key)) for key in keys
+                     if saved.get(key) != getattr(self, key)}
+        if different:
+            rows = ", ".join(f"{key}: checkpoint {old!r} vs config {new!r}"
+                             for key, (old, new) in different.items())
+            fix = " ".join(f"{key}={old}" for key, (old, _) in different.items())
+            raise CheckpointMismatchError(
+                f"The checkpoint in {where} was written with other settings that decide what its weights "
+                f"mean ({rows}); resuming would continue from another model's weights. Train with the "
+                f"checkpoint's settings ({fix}), or start a new run in another checkpoint_dir.")
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some settings changed (unknown names are refused, as in `load`)."""

@@ -1,16 +1,20 @@
 """stacklib.diffusion's behaviour: shapes, the losses, the samplers, guidance, the command line, the zoo."""
 
+import dataclasses
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 from stacklib import diffusion
 from stacklib.diffusion import data, metrics, samplers, schedules, train, zoo
 from stacklib.diffusion.model import DiT, DiTConfig, patchify, unpatchify
+from stacklib.flat_config import CheckpointMismatchError
 
 # One tiny run's settings for every test that trains: the compiled step is shared between them.
 TINY = dict(d_model=16, n_layers=1, n_heads=2, batch_size=32, progress=False, log_every=10, steps=40,
@@ -54,13 +58,16 @@ def test_each_objective_trains_the_loss_down(objective):
 def test_the_samplers_are_deterministic_given_a_key_and_guidance_at_scale_1_is_the_conditional(tiny_model):
     model = nnx.clone(tiny_model)
     for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):  # leave adaLN-Zero: outputs not all 0
-        value.value = 0.05 * jax.random.normal(jax.random.key(hash(path) % 1000), value.shape)
+        seed = zlib.crc32(repr(path).encode()) % 1000  # the same in every process, unlike hash(path)
+        value.value = 0.05 * jax.random.normal(jax.random.key(seed), value.shape)
+    eps_model = DiT(dataclasses.replace(model.config, objective="ddpm"), rngs=nnx.Rngs(0))
+    nnx.update(eps_model, nnx.state(model, nnx.Param))  # the same weights, read as a noise prediction
     labels = jnp.arange(4)
     schedule = schedules.make_schedule()
-    for method in ("euler", "ddpm"):  # a deterministic and a stochastic one (ddim shares ddpm's loop)
-        a = samplers.sample(model, labels, jax.random.key(1), method=method, num_steps=4, schedule=schedule)
-        b = samplers.sample(model, labels, jax.random.key(1), method=method, num_steps=4, schedule=schedule)
-        c = samplers.sample(model, labels, jax.random.key(2), method=method, num_steps=4, schedule=schedule)
+    for method, m in (("euler", model), ("ddpm", eps_model)):  # deterministic, stochastic (ddim: ddpm's loop)
+        a = samplers.sample(m, labels, jax.random.key(1), method=method, num_steps=4, schedule=schedule)
+        b = samplers.sample(m, labels, jax.random.key(1), method=method, num_steps=4, schedule=schedule)
+        c = samplers.sample(m, labels, jax.random.key(2), method=method, num_steps=4, schedule=schedule)
         np.testing.assert_array_equal(a.images, b.images)
         assert a.trajectory.shape == (5, 4, 8, 8, 1) and not np.allclose(a.images, c.images)
     x = jax.random.normal(jax.random.key(3), (4, 8, 8, 1))
@@ -75,12 +82,46 @@ def test_the_samplers_are_deterministic_given_a_key_and_guidance_at_scale_1_is_t
 def test_sampler_mistakes_name_the_fix(tiny_model):
     with pytest.raises(ValueError, match="euler for a flow-matching model"):
         samplers.sample(tiny_model, jnp.arange(2), jax.random.key(0), method="heun")
+    eps_model = DiT(dataclasses.replace(tiny_model.config, objective="ddpm"), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="pass schedule=schedules.make_schedule"):
-        samplers.sample(tiny_model, jnp.arange(2), jax.random.key(0), method="ddim")
+        samplers.sample(eps_model, jnp.arange(2), jax.random.key(0), method="ddim")
     with pytest.raises(ValueError, match=r"classes in 0..9"):
         samplers.sample(tiny_model, jnp.array([3, 11]), jax.random.key(0))
     with pytest.raises(ValueError, match="num_inference_steps=2000 must be between 1"):
         schedules.set_timesteps(1000, 2000)
+
+
+@pytest.mark.parametrize("objective", ["flow", "ddpm"])
+def test_a_model_records_its_objective(objective):
+    config = diffusion.load_config(None, objective=objective, **TINY)
+    assert train.make_model(config).config.objective == objective == config.model.objective
+    with pytest.raises(ValueError, match="objective='score' is not one of flow, ddpm"):
+        DiTConfig(objective="score")
+
+
+def test_a_sampler_that_does_not_fit_the_models_objective_is_refused_naming_the_ones_that_do():
+    flow_model = DiT(DiTConfig(d_model=16, n_layers=1, n_heads=2, objective="flow"), rngs=nnx.Rngs(0))
+    eps_model = DiT(DiTConfig(d_model=16, n_layers=1, n_heads=2, objective="ddpm"), rngs=nnx.Rngs(0))
+    schedule = schedules.make_schedule()
+    with pytest.raises(ValueError, match=r"method='euler'.*objective='ddpm'.*method='ddim' or method='ddpm'"):
+        samplers.sample(eps_model, jnp.arange(2), jax.random.key(0), method="euler")
+    for method in ("ddim", "ddpm"):
+        with pytest.raises(ValueError, match=rf"method='{method}'.*objective='flow'.*method='euler'"):
+            samplers.sample(flow_model, jnp.arange(2), jax.random.key(0), method=method, schedule=schedule)
+
+
+def test_a_checkpoint_without_its_config_is_refused_not_trusted(tmp_path):
+    # Checkpoints written before the config was saved with them: what their weights mean is unknown.
+    config = diffusion.load_config(None, checkpoint_dir=str(tmp_path), **TINY)
+    params = nnx.state(train.make_model(config), nnx.Param)
+    opt_state = train.make_optimizer(config).init(params)
+    manager = ocp.CheckpointManager(tmp_path)
+    manager.save(20, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        data=ocp.args.JsonSave(iter(data.train_batches(config)).get_state())))
+    manager.close()
+    with pytest.raises(CheckpointMismatchError, match="holds no config.*another checkpoint_dir"):
+        train.train(config)
 
 
 def test_config_mistakes_name_the_fix():
@@ -137,7 +178,7 @@ def test_a_zoo_model_is_built_once_in_the_fixed_build_process_then_loaded(tmp_pa
     monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
     monkeypatch.setitem(zoo.ZOO, "test-tiny", dict(TINY, steps=3, warmup_steps=1))
     model, config = zoo.pretrained("test-tiny")
-    assert config.steps == 3 and isinstance(model, DiT)
+    assert config.steps == 3 and isinstance(model, DiT) and model.config.objective == config.objective
     again, _ = zoo.pretrained("test-tiny")
     assert capfd.readouterr().err.count("Training 'test-tiny' once") == 1  # the second call loaded
     for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again)), strict=True):

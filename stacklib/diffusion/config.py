@@ -72,10 +72,23 @@ class Config(FlatConfig):
 
     @property
     def model(self) -> DiTConfig:
-        """The architecture part: what a checkpoint's shapes depend on."""
+        """The model part: what a checkpoint's shapes depend on, and what its output predicts."""
         return DiTConfig(image_size=self.image_size, patch_size=self.patch_size, d_model=self.d_model,
                          n_layers=self.n_layers, n_heads=self.n_heads, mlp_ratio=self.mlp_ratio,
-                         frequency_dim=self.frequency_dim)
+                         frequency_dim=self.frequency_dim, objective=self.objective)
+
+    def weight_keys(self) -> tuple[str, ...]:
+        """The settings a checkpoint is bound to (`FlatConfig.check_checkpoint`): the DiT's shapes,
+        the objective, and for noise prediction the schedule (it decides what noise level t means)."""
+        return MODEL_KEYS + (SCHEDULE_KEYS if self.objective == "ddpm" else ())
+
+
+MODEL_KEYS = ("image_size", "patch_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "frequency_dim",
+              "objective")
+"""The settings of `Config.model`: a checkpoint's shapes, and whether it predicts ε or v."""
+
+SCHEDULE_KEYS = ("num_train_timesteps", "beta_schedule", "beta_start", "beta_end")
+"""The noise schedule an ε-prediction model was trained on: the noise level its input t stands for."""
 
 
 def _check(c: Config) -> None:

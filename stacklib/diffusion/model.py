@@ -7,7 +7,9 @@ normalises its input and then *scales and shifts* it by amounts computed from c 
 LayerNorm), and gates its residual branch by a third amount initialised to zero, so that
 each block starts as the identity ("adaLN-Zero"). The last layer maps tokens back to
 patches, and unpatchify back to an image of the input's shape: the prediction (the noise
-ε, or the velocity v of flow matching, per objectives.py).
+ε, or the velocity v of flow matching, per objectives.py). Which of the two the weights
+predict is `DiTConfig.objective`: the model carries it, and the samplers refuse a method
+that does not fit it.
 
     model = DiT(DiTConfig(image_size=8, patch_size=2, d_model=64), rngs=nnx.Rngs(0))
     out = model(x, t, y)        # x (B, H, W, C) in [-1, 1]; t (B,) in [0, 1]; y (B,) ints
@@ -33,13 +35,14 @@ import numpy as np
 
 import stacklib.kernels as kernels
 import stacklib.nn as nnx
+from stacklib.diffusion.objectives import OBJECTIVES
 
 zeros = nnx.initializers.zeros_init()
 
 
 @dataclasses.dataclass(frozen=True)
 class DiTConfig:
-    """The architecture: what decides the parameters' shapes."""
+    """The architecture (what decides the parameters' shapes) and the objective (what they predict)."""
 
     image_size: int = 8       # H = W
     channels: int = 1         # C
@@ -50,8 +53,11 @@ class DiTConfig:
     mlp_ratio: int = 4        # the MLP's hidden width is mlp_ratio · D
     num_classes: int = 10     # labels 0..num_classes-1; num_classes itself means "no class"
     frequency_dim: int = 64   # sinusoidal features of t before the timestep MLP
+    objective: str = "flow"   # what the output is: "flow" the velocity v, "ddpm" the noise ε (objectives.py)
 
     def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r} is not one of {', '.join(OBJECTIVES)}.")
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} does not divide image_size={self.image_size}: "
                              "patches must tile the image. Choose a divisor of image_size.")

@@ -43,6 +43,9 @@ from stacklib.diffusion import schedules
 from stacklib.diffusion.model import DiT
 
 SAMPLERS = ("euler", "ddim", "ddpm")
+SAMPLERS_FOR = {"flow": ("euler",), "ddpm": ("ddim", "ddpm")}
+"""objective -> the methods that read its prediction: Euler integrates a velocity v; DDIM and
+DDPM turn a noise ε into x̂0. Another pairing runs, and silently produces noise."""
 
 
 def _alphas(schedule: schedules.NoiseSchedule, t: jax.Array, prev_t: jax.Array):
@@ -111,17 +114,25 @@ def sample(model: DiT, labels: jax.Array, key: jax.Array, *, method: str = "eule
            eta: float = 0.0, clip_sample: bool = True) -> Samples:
     """Generate one image per label with `method`: "euler" (a flow model), "ddim" or "ddpm" (an ε model).
 
+    The model's `config.objective` says which it is; a method that does not fit it is refused.
+
     The same key gives the same images. Compiled once per (architecture, method, steps,
     guided or not, batch size); the weights are an argument, so another model of the same
     architecture reuses the compiled loop.
 
     Raises:
-      ValueError: an unknown method, a DDPM/DDIM sampler without a schedule, a label
-        outside 0..num_classes, or a bad step count.
+      ValueError: an unknown method, one that does not fit the model's objective, a DDPM/DDIM
+        sampler without a schedule, a label outside 0..num_classes, or a bad step count.
     """
     if method not in SAMPLERS:
         raise ValueError(f"method={method!r} is not one of {', '.join(SAMPLERS)} (euler for a flow-matching "
                          "model, ddim or ddpm for a noise-predicting one).")
+    objective = model.config.objective
+    if method not in SAMPLERS_FOR[objective]:
+        fitting = " or ".join(f"method={m!r}" for m in SAMPLERS_FOR[objective])
+        predicts = "a velocity v" if objective == "flow" else "the noise ε"
+        raise ValueError(f"method={method!r} does not fit this model: it was trained with objective="
+                         f"{objective!r} and predicts {predicts}. Sample it with {fitting}.")
     if method != "euler" and schedule is None:
         raise ValueError(f"method={method!r} walks a noise schedule: pass schedule=schedules.make_schedule() "
                          "(the one the model was trained with).")

@@ -10,6 +10,11 @@ The pieces are the book's own: the DiT of model.py written with `stacklib.nn`, A
 optimizer state and the data iterator's position) with `stacklib.checkpoint`, so a run
 stopped at any step resumes where it stopped, on the same batches.
 
+It keeps chapter 12's trainer's contract (`stacklib.llm.train`; tests/test_trainer_contract.py):
+the config is saved with every checkpoint and checked on resume (a changed objective or shape
+is refused, `FlatConfig.check_checkpoint`); the last step is always saved; `stop_after=n` is a
+kill after step n of the run.
+
 Mirrors MaxDiffusion's `train.py` (a config in, a trainer that loads data, builds the
 model and the noise scheduler, and loops `train_step`: add noise, predict, MSE, update).
 Differences: one device (MaxDiffusion shards the UNet or DiT over a mesh as chapter 12's
@@ -35,7 +40,7 @@ import stacklib.checkpoint as ocp
 import stacklib.nn as nnx
 import stacklib.optim as optax
 from stacklib.diffusion import data, objectives, schedules
-from stacklib.diffusion.config import Config
+from stacklib.diffusion.config import Config, ConfigError
 from stacklib.diffusion.model import DiT
 
 
@@ -92,8 +97,9 @@ def _step_settings(config: Config) -> Config:
 class TrainResult:
     graphdef: nnx.GraphDef
     params: Any
-    losses: list[float]          # the mean loss of each `log_every` steps
+    losses: list[float]          # the mean loss of each `log_every` steps of this call
     seconds: float
+    start_step: int = 0          # 0, or the checkpoint step this call resumed from
 
     @property
     def model(self) -> DiT:
@@ -103,44 +109,77 @@ class TrainResult:
 def train(config: Config, *, stop_after: int | None = None) -> TrainResult:
     """Train `config`'s model from scratch, or from the newest checkpoint in `checkpoint_dir`.
 
-    `stop_after=n` stops after step n as if the job were killed there (the schedule still
-    runs to `config.steps`): the next call resumes from the last checkpoint.
+    Checkpoints hold the parameters, the optimizer state, the data iterator's position and the
+    config; one is written every `checkpoint_every` steps, and at the last step whatever the
+    interval.
+
+    Args:
+      config: the run.
+      stop_after: return after step `stop_after` of the run (not of this call), as if the job
+        were killed there (the schedule still runs to `config.steps`): the step itself is saved
+        only if due, and the next call resumes from the last checkpoint. Chapter 12's trainer
+        (`stacklib.llm.train`) means the same.
+
+    Raises:
+      CheckpointMismatchError: `checkpoint_dir` holds a checkpoint whose weights mean something
+        else (another objective or shape; the message names the keys), or one without a config.
     """
     start = time.perf_counter()
     graphdef, params = nnx.split(make_model(config), nnx.Param)
     tx = make_optimizer(config)
     opt_state = tx.init(params)
     iterator = iter(data.train_batches(config))
-    manager, first = None, 0
-    if config.checkpoint_dir:
-        options = ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep,
-                                               save_interval_steps=config.checkpoint_every)
-        manager = ocp.CheckpointManager(pathlib.Path(config.checkpoint_dir).resolve(), options=options)
-        if manager.latest_step() is not None:
-            first = manager.latest_step()
-            restored = manager.restore(first, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
-                data=ocp.args.JsonRestore()))
-            params, opt_state = restored.params, restored.opt_state
-            iterator.set_state(restored.data)
+    manager, first = make_checkpoint_manager(config), 0
+    if manager is not None and manager.latest_step() is not None:
+        first, params, opt_state = _resume(manager, params, opt_state, iterator, config)
     step_fn = _compiled_step(_step_settings(config), graphdef)
     base_key = jax.random.key(config.seed)
+    last = config.steps if stop_after is None else min(config.steps, stop_after)
     window, losses = [], []
-    for step in _progress(range(first, config.steps if stop_after is None else stop_after), config):
+    for step in _progress(range(first, last), config):
         batch = next(iterator)
         params, opt_state, loss = step_fn(params, opt_state, batch, jax.random.fold_in(base_key, step))
         window.append(loss)
-        if len(window) == config.log_every or step == config.steps - 1 or step + 1 == stop_after:
+        if len(window) == config.log_every or step + 1 == last:
             losses.append(float(np.mean(jax.device_get(window))))  # one host sync per window
             window = []
-        if manager is not None:
-            manager.save(step + 1, args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-                data=ocp.args.JsonSave(iterator.get_state())))
+        if manager is not None:  # step + 1 steps are done: that is the checkpoint's number
+            _save(manager, step + 1, params, opt_state, iterator, config)
     if manager is not None:
         manager.wait_until_finished()
         manager.close()
-    return TrainResult(graphdef, params, losses, time.perf_counter() - start)
+    return TrainResult(graphdef, params, losses, time.perf_counter() - start, first)
+
+
+def make_checkpoint_manager(config: Config) -> ocp.CheckpointManager | None:
+    """The run's checkpoint manager (every `checkpoint_every` steps, keep `max_to_keep`), or None."""
+    if not config.checkpoint_dir:
+        return None
+    options = ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep,
+                                           save_interval_steps=config.checkpoint_every)
+    return ocp.CheckpointManager(pathlib.Path(config.checkpoint_dir).resolve(), options=options)
+
+
+def _save(manager: ocp.CheckpointManager, step: int, params, opt_state, iterator, config: Config) -> None:
+    """Save `step` if due, and the run's last step whatever the interval, with the config."""
+    manager.save(step, force=step == config.steps, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        data=ocp.args.JsonSave(iterator.get_state()), config=ocp.args.JsonSave(config.to_dict())))
+
+
+def _resume(manager: ocp.CheckpointManager, params, opt_state, iterator, config: Config):
+    """(step, params, opt_state) of the newest checkpoint, its config checked first; the iterator moved on."""
+    step = manager.latest_step()
+    try:
+        saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    except KeyError:  # written before checkpoints held the config
+        saved = None
+    config.check_checkpoint(saved, str(manager.directory))
+    restored = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
+        data=ocp.args.JsonRestore()))
+    iterator.set_state(restored.data)
+    return step, restored.params, restored.opt_state
 
 
 def _progress(steps: range, config: Config):
@@ -174,7 +213,11 @@ def parse_command_line(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> int:
     """`python -m stacklib.diffusion.train [CONFIG.yml] key=value ...`; prints a JSON summary."""
     config = parse_command_line(list(sys.argv[1:] if argv is None else argv))
-    result = train(config)
+    try:
+        result = train(config)
+    except ConfigError as error:  # a checkpoint of other weights (CheckpointMismatchError)
+        print(f"{_parser().prog}: error: {error}", file=sys.stderr)
+        return 2
     print(json.dumps({"steps": config.steps, "objective": config.objective, "losses": result.losses,
                       "seconds": round(result.seconds, 2)}, indent=1), flush=True)
     return 0

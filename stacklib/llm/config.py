@@ -92,6 +92,10 @@ class Config(FlatConfig):
     def check(self) -> None:
         _check(self)
 
+    def weight_keys(self) -> tuple[str, ...]:
+        """`MODEL_KEYS`: a checkpoint resumes only under the same values (`FlatConfig.check_checkpoint`)."""
+        return MODEL_KEYS
+
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         """(data, fsdp, tensor): the device mesh this config trains on; (pipeline, data, fsdp, tensor)

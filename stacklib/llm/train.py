@@ -68,8 +68,9 @@ import stacklib.nn as nnx
 import stacklib.optim as optax
 from stacklib import compile as compile_tools
 from stacklib import parallel, profile
+from stacklib.flat_config import CheckpointMismatchError
 from stacklib.llm import data, multihost, pipeline
-from stacklib.llm.config import MODEL_KEYS, Config, ConfigError
+from stacklib.llm.config import Config, ConfigError
 from stacklib.llm.model import Transformer
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -87,8 +88,9 @@ SHARDING_RULES = (
 )
 
 
-class ArchitectureMismatchError(ValueError):
-    """A checkpoint was written by a model with other shapes than the one configured."""
+ArchitectureMismatchError = CheckpointMismatchError
+"""A checkpoint was written by a model with other shapes than the one configured (chapter 12's
+name for `stacklib.flat_config.CheckpointMismatchError`, which chapter 17's trainer raises too)."""
 
 
 # -- building blocks -----------------------------------------------------------------------
@@ -317,22 +319,15 @@ class Goodput:
 
 # -- checkpoints ----------------------------------------------------------------------------
 
-def check_architecture(saved: dict, config: Config, where: str) -> None:
-    """Refuse a checkpoint whose model settings differ from `config`'s, naming them.
+def check_architecture(saved: dict | None, config: Config, where: str) -> None:
+    """Refuse a checkpoint whose model settings (`MODEL_KEYS`) differ from `config`'s, naming them.
+
+    The check both trainers share: `FlatConfig.check_checkpoint`.
 
     Raises:
       ArchitectureMismatchError: with the differing settings and the override that fits.
     """
-    different = {key: (saved.get(key), getattr(config, key)) for key in MODEL_KEYS
-                 if saved.get(key) != getattr(config, key)}
-    if different:
-        rows = ", ".join(f"{key}: checkpoint {old!r} vs config {new!r}"
-                         for key, (old, new) in different.items())
-        fix = " ".join(f"{key}={old}" for key, (old, _) in different.items())
-        raise ArchitectureMismatchError(
-            f"The checkpoint in {where} was written by a different architecture ({rows}). "
-            f"Train with the checkpoint's settings ({fix}), or use another checkpoint_dir."
-        )
+    config.check_checkpoint(saved, where)
 
 
 AnyCheckpointManager = ocp.CheckpointManager | ocp.multitier.CheckpointManager
@@ -457,8 +452,10 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
     Args:
       config: the run.
       root: the corpus directory (default: this Python's standard library).
-      stop_after: return after this many steps of this call, as if the job were killed
-        (checkpoints already written are kept; for resumption tests).
+      stop_after: return after step `stop_after` of the run (not of this call), as if the job
+        were killed there: checkpoints already written are kept, the step itself is saved only
+        if due, and the next call resumes from the last checkpoint (for resumption tests).
+        Chapter 17's trainer (`stacklib.diffusion.train`) means the same.
       log: called with each step's record.
 
     Returns:
@@ -470,36 +467,26 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
     """
     clock = Goodput()
     with clock.time("init"):
-        model = make_model(config)
-        graphdef, params = nnx.split(model, nnx.Param)
-        tx = make_optimizer(config)
-        opt_state = tx.init(params)
-        processes = jax.process_count()
+        graphdef, params, tx, opt_state = _initial_state(config)
         iterator = iter(data.train_dataset(config, root, shard_index=jax.process_index(),
-                                           shard_count=processes))
+                                           shard_count=jax.process_count()))
         heldout = data.heldout_batches(config, root) if config.eval_batches else []
         peak = config.peak_flops or measured_peak_flops()
     manager, start, preempted_at = make_checkpoint_manager(config), 0, None
     if manager is not None and manager.latest_step() is not None:
         with clock.time("checkpoint"):
-            if processes > 1:  # restore to host arrays: device_put then keeps each process's shards
-                params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
-            start, params, opt_state, data_state = restore_checkpoint(manager, params, opt_state, config)
-            iterator.set_state(data_state)
+            start, params, opt_state = _resume(manager, params, opt_state, iterator, config)
     with clock.time("compile"):  # after the restore: a wrong checkpoint fails before compiling
         step_fn = compile_step(config, graphdef, params, opt_state, tx)
         flops = step_flops(config, graphdef, params, opt_state, tx)
     params, opt_state = step_fn.place(params, opt_state)
-    replicated = NamedSharding(step_fn.mesh, jax.sharding.PartitionSpec())
-    eval_loss_fn = jax.jit(step_fn.loss_fn, out_shardings=replicated)
-    heldout = [multihost.process_batch(multihost.process_rows(b), step_fn.batch_sharding) for b in heldout]
+    evaluate_heldout = _heldout_evaluator(step_fn, heldout)
 
     primary = multihost.is_primary()  # metrics, logs and the progress bar: process 0 only
     metrics_file = open(config.metrics_file, "a") if config.metrics_file and primary else None  # noqa: SIM115
     history: list[dict] = []
-    last = config.steps if stop_after is None else min(config.steps, start + stop_after)
-    progress = _progress(range(start + 1, last + 1), config if primary else config.replace(progress=False))
-    tokens = config.batch_size * config.seq_len
+    progress = _progress(range(start + 1, last_step(config, stop_after) + 1),
+                         config if primary else config.replace(progress=False))
     uninstall_preemption_handler = install_preemption_handler(manager)
     try:
         for step in progress:
@@ -510,45 +497,27 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
             loss = _wait_for_loss(metrics, step)  # waits for the step to finish
             seconds = time.perf_counter() - began
             clock.add("step", seconds)
-            final = step == config.steps  # the finished run is saved whatever the interval
-            if manager is not None and (final or manager.should_save(step)):
-                with clock.time("checkpoint"):
-                    if processes > 1:
-                        state = step_fn.unstage({"params": params, "opt_state": opt_state})
-                        multihost.save_checkpoint(
-                            config.checkpoint_dir, step, state,
-                            iterator.get_state(), config.to_dict(), max_to_keep=config.max_to_keep)
-                        manager.reload()  # it learns of the step from the directory
-                    else:
-                        save_checkpoint(manager, step, *step_fn.unstage((params, opt_state)), iterator,
-                                        config, force=final)
-            record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
-                      "step_time": seconds, "tokens_per_s": tokens / seconds,
-                      "mfu": profile.mfu(flops, seconds, peak), "goodput": clock.goodput()}
-            if heldout and config.eval_every and step % config.eval_every == 0:
+            if manager is not None and (step == config.steps or manager.should_save(step)):
+                with clock.time("checkpoint"):  # the finished run is saved whatever the interval
+                    _save_step(manager, step, step_fn, params, opt_state, iterator, config)
+            record = _step_record(config, step, loss, metrics, seconds, flops, peak, clock)
+            if evaluate_heldout is not None and config.eval_every and step % config.eval_every == 0:
                 with clock.time("eval"):
-                    record["eval_loss"] = evaluate(eval_loss_fn, params, heldout)
+                    record["eval_loss"] = evaluate_heldout(params)
             history.append(record)
-            if metrics_file is not None:
-                metrics_file.write(json.dumps(record) + "\n")
-            if log is not None:
-                log(record)
-            if hasattr(progress, "set_postfix"):
-                progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            _publish(record, metrics_file, log, progress)
             if reached_preemption(manager, step):  # the grace period is short: no final evaluation
                 preempted_at = step
-                print(f"train: preemption notice (SIGTERM): step {step} is saved in local_checkpoint_dir="
-                      f"{config.local_checkpoint_dir}; stopping. The same command resumes from it.",
-                      file=sys.stderr, flush=True)
+                _announce_preemption(config, step)
                 break
         if manager is not None:
             with clock.time("checkpoint"):
                 manager.wait_until_finished()
                 manager.close()
         eval_loss = None
-        if heldout and preempted_at is None:
+        if evaluate_heldout is not None and preempted_at is None:
             with clock.time("eval"):
-                eval_loss = evaluate(eval_loss_fn, params, heldout)
+                eval_loss = evaluate_heldout(params)
     finally:
         uninstall_preemption_handler()
         if metrics_file is not None:
@@ -556,6 +525,79 @@ def train(config: Config, *, root: str | None = None, stop_after: int | None = N
     breakdown = clock.breakdown()
     return TrainResult(config, graphdef, step_fn.unstage(params), history, breakdown, eval_loss, flops, peak,
                        start, preempted_at)
+
+
+def last_step(config: Config, stop_after: int | None) -> int:
+    """The step a call of `train` ends at: `config.steps`, or `stop_after` if earlier (a simulated kill)."""
+    return config.steps if stop_after is None else min(config.steps, stop_after)
+
+
+def _initial_state(config: Config):
+    """(graphdef, params, tx, opt_state) of a fresh run: the model split, the optimizer initialised."""
+    graphdef, params = nnx.split(make_model(config), nnx.Param)
+    tx = make_optimizer(config)
+    return graphdef, params, tx, tx.init(params)
+
+
+def _resume(manager: AnyCheckpointManager, params, opt_state, iterator, config: Config):
+    """(step, params, opt_state) of the newest checkpoint, the data iterator moved to its position."""
+    if jax.process_count() > 1:  # restore to host arrays: device_put then keeps each process's shards
+        params, opt_state = jax.tree.map(np.asarray, (params, opt_state))
+    step, params, opt_state, data_state = restore_checkpoint(manager, params, opt_state, config)
+    iterator.set_state(data_state)
+    return step, params, opt_state
+
+
+def _heldout_evaluator(step_fn: ShardedStep, heldout: list[np.ndarray]) -> Callable | None:
+    """`evaluate(params)` on the held-out batches placed on the step's mesh; None without any."""
+    replicated = NamedSharding(step_fn.mesh, jax.sharding.PartitionSpec())
+    loss_fn = jax.jit(step_fn.loss_fn, out_shardings=replicated)
+    batches = [multihost.process_batch(multihost.process_rows(b), step_fn.batch_sharding) for b in heldout]
+    if not batches:
+        return None
+    return lambda params: evaluate(loss_fn, params, batches)
+
+
+def _save_step(manager: AnyCheckpointManager, step: int, step_fn: ShardedStep, params, opt_state, iterator,
+               config: Config) -> None:
+    """Save `step` per layer (unstaged), with the data iterator's position and the config.
+
+    With several processes each writes its shards of one checkpoint (multihost.py), and the
+    manager learns of the step from the directory.
+    """
+    if jax.process_count() > 1:
+        state = step_fn.unstage({"params": params, "opt_state": opt_state})
+        multihost.save_checkpoint(config.checkpoint_dir, step, state, iterator.get_state(), config.to_dict(),
+                                  max_to_keep=config.max_to_keep)
+        manager.reload()
+    else:
+        save_checkpoint(manager, step, *step_fn.unstage((params, opt_state)), iterator, config,
+                        force=step == config.steps)
+
+
+def _step_record(config: Config, step: int, loss: float, metrics: dict, seconds: float, flops: float,
+                 peak: float, clock: Goodput) -> dict:
+    """One step's JSON line: loss, gradient norm, step time, tokens/s, MFU and the running goodput."""
+    tokens = config.batch_size * config.seq_len
+    return {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
+            "step_time": seconds, "tokens_per_s": tokens / seconds,
+            "mfu": profile.mfu(flops, seconds, peak), "goodput": clock.goodput()}
+
+
+def _publish(record: dict, metrics_file, log: Callable[[dict], None] | None, progress) -> None:
+    """Hand a step's record to the metrics file, the `log` callback and the progress bar, where there are."""
+    if metrics_file is not None:
+        metrics_file.write(json.dumps(record) + "\n")
+    if log is not None:
+        log(record)
+    if hasattr(progress, "set_postfix"):
+        progress.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+
+
+def _announce_preemption(config: Config, step: int) -> None:
+    print(f"train: preemption notice (SIGTERM): step {step} is saved in local_checkpoint_dir="
+          f"{config.local_checkpoint_dir}; stopping. The same command resumes from it.",
+          file=sys.stderr, flush=True)
 
 
 def _wait_for_loss(metrics: dict, step: int) -> float:
@@ -611,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     distributed = multihost.initialize()  # from the environment, before any JAX operation
     try:
         result = train(config)
-    except (ConfigError, ArchitectureMismatchError) as error:  # the mesh or a checkpoint does not fit
+    except ConfigError as error:  # the mesh, or a checkpoint of other weights (CheckpointMismatchError)
         print(f"{_command_line_parser().prog}: error: {error}", file=sys.stderr)
         return 2
     if not multihost.is_primary():
