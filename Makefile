@@ -12,7 +12,7 @@ NOTEBOOKS := chapters
 PYTEST_NOTEBOOK_FLAGS := --nbval-lax --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
-.PHONY: install book test test-fast test-slow test-py313 test-accelerator notebooks exercises grade bench margins lint lock clean
+.PHONY: install book test test-fast test-slow test-py313 test-colab test-accelerator notebooks exercises grade bench margins lint lock clean
 
 # Byte-code is compiled once, here, in parallel: the suite starts ~150 Python processes
 # (kernels, servers, builders, workers), and where PYTHONDONTWRITEBYTECODE is set (as on CI)
@@ -96,6 +96,21 @@ test-py313: $(STAMP313)  ## the Python tests and chapters 00, 01, 12, 14 (+ exer
 		-m "not slow" tests $(PY313_NOTEBOOKS:%=chapters/%.ipynb)
 	$(TEST_ENV) $(VENV313)/bin/python -m pytest -n 2 --dist loadfile tests/test_grade_solutions.py \
 		tests/test_grade_exercises.py -k "$(subst $(eval) , or ,$(PY313_NOTEBOOKS))"
+
+# A reader's first run on Colab, simulated (tests/colab/simulate.py): a Python 3.13 venv with the
+# Colab TPU image's versions of every package the book's closure shares with it (from
+# $(COLAB_IMAGES)/pip-freeze.tpu.txt; built once into .venv-colab/), a stub google.colab, the
+# setup cell's git URL sent to a snapshot of this working tree, then chapters 00, 07, 12, 13, 14
+# and 17 as a reader runs them, restart included; and the TPU and CUDA requirements resolved with
+# pip --dry-run (on the GPU image's CUDA libraries). Not part of `make test`: 16 minutes on a
+# 2-core CPU (979 s), plus 5 to build the image the first time. `make test-colab COLAB_REF=<commit>`
+# simulates that commit's tree instead: at a34de76, before issue 39, it fails (the setup cell
+# replaced ipykernel, jupyter_client and ipywidgets under the running kernel and left numpy,
+# scipy, scikit-learn and ~50 more packages off the lock).
+COLAB_IMAGES ?= ../shared/colab
+
+test-colab: $(STAMP)  ## simulate a reader's first run on Colab's TPU image: setup, restart, chapters 00 07 12 13 14 17
+	$(BIN)/python tests/colab/simulate.py --python313 $(PYTHON313) --images $(COLAB_IMAGES) $(COLAB_REF:%=--ref %)
 
 # On a GPU or TPU (or a Colab TPU runtime: benchmarks/run_accelerator_tests.ipynb): install the
 # accelerator build of the pinned JAX, then tests/accelerator (native Pallas kernels, chapter 12's

@@ -66,6 +66,7 @@ def capstone_config(checkpoint_dir: str | os.PathLike = "", local_checkpoint_dir
     """
     sizes = dict(vars(hw.sizes("capstone")))
     sizes.pop("kill_after")
+    sizes["max_seq_len"] = max(sizes["seq_len"], load_config(None).max_seq_len)  # the accelerator rows' 512+
     settings = {**sizes, **mesh_overrides(jax.device_count()), "checkpoint_dir": str(checkpoint_dir),
                 "local_checkpoint_dir": str(local_checkpoint_dir), "max_to_keep": 2,
                 "async_checkpointing": True, "warmup_steps": 4, "progress": False}

@@ -9,9 +9,11 @@ does so by asking this module three questions instead of hard-coding anything:
 * `simulate_cpu_devices(n)` — n virtual CPU devices, for the sharding lessons on a
   machine that has one chip (or none).
 
-It also owns the first code cell of every notebook (`setup_cell_source()`): on Colab that
-cell installs the pinned stack and `stacklib` from `REPOSITORY_URL`; anywhere else it does
-nothing, because the README's commands have installed everything already.
+It also owns the first code cell of every notebook (`setup_cell_source()`): on Colab or
+Kaggle that cell installs `stacklib` from `REPOSITORY_URL` and calls `prepare_runtime()`,
+which installs the locked stack once and restarts the runtime if it must (`stacklib.hw.hosted`
+says how); anywhere else it does nothing, because the README's commands have installed
+everything already. `colab_badge` and `kaggle_badge` are the links that open a notebook there.
 
 JAX is imported inside the functions that need it, so that `import stacklib.hw` is
 instant and never initialises a backend behind the reader's back (which would make
@@ -21,13 +23,19 @@ instant and never initialises a backend behind the reader's back (which would ma
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib.metadata
-import os
 import platform
-import subprocess
-import sys
 import types
+
+# Re-exported: the setup cell calls `hw.prepare_runtime()`, `make test-accelerator` calls
+# `hw.install_accelerator_support()`.
+from stacklib.hw.hosted import (  # noqa: F401
+    accelerator_requirement,
+    accelerator_runtime,
+    hosted_runtime,
+    install_accelerator_support,
+    prepare_runtime,
+)
 
 # The repository's address lives here and nowhere else: the notebooks' setup cells and
 # Colab badges are generated from it, and tests/test_notebooks.py checks them.
@@ -35,6 +43,15 @@ REPOSITORY_URL = "https://github.com/build-the-jax-ai-stack/book"
 BRANCH = "main"
 
 BACKENDS = ("cpu", "gpu", "tpu")
+# A TPU runtime with 8 chips (Kaggle's v5e-8, a v4-8 or v6e-8 slice): the multi-device chapters
+# (07, 16) have a row for it, where their mesh is real chips instead of simulated CPU devices.
+# Every other problem runs its one-chip "tpu" row there.
+MULTI_CHIP_TPU = "tpu-8"
+ROWS = (*BACKENDS, MULTI_CHIP_TPU)
+
+# The packages whose versions `describe()` reports (those installed).
+STACK = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "grain", "qwix",
+         "numpy")
 
 # Problem sizes by backend, one row per problem. A chapter asks `sizes("name")` and
 # gets the row for the backend it runs on. CPU rows keep every notebook within a
@@ -123,12 +140,14 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
         "cpu": {"batch": 256, "features": 32, "hidden": 256, "classes": 8, "steps": 25},
         "gpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
         "tpu": {"batch": 2048, "features": 128, "hidden": 1024, "classes": 16, "steps": 100},
+        "tpu-8": {"batch": 32768, "features": 1024, "hidden": 8192, "classes": 16, "steps": 200},
     },
     # Chapter 07: collective timings over per-device messages of 2**min_log2 .. 2**max_log2 bytes.
     "collective_sweep": {
         "cpu": {"min_log2": 12, "max_log2": 20, "repeats": 5},
         "gpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
         "tpu": {"min_log2": 12, "max_log2": 22, "repeats": 10},
+        "tpu-8": {"min_log2": 12, "max_log2": 26, "repeats": 20},
     },
     # Chapter 08: the training step we profile, and the sizes that measure the peaks
     # (the matmul's n; the largest array, in MB, of the bandwidth sweep).
@@ -205,6 +224,11 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
                 "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100,
                 "local_checkpoint_every": 20, "kill_after": 250,
                 "max_corpus_bytes": 50_000_000, "eval_batches": 8},
+        # ~85 M parameters on the real 2x2x2 mesh of 8 chips: 40 M tokens, ~3.5 passes over the corpus.
+        "tpu-8": {"d_model": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "head_dim": 64,
+                  "d_ff": 3072, "seq_len": 1024, "batch_size": 64, "steps": 600, "checkpoint_every": 150,
+                  "local_checkpoint_every": 25, "kill_after": 360,
+                  "max_corpus_bytes": 50_000_000, "eval_batches": 8},
     },
     # Chapter 17: diffusion on the digits. The models come from stacklib.diffusion.zoo (trained
     # once, on CPU, everywhere); these are the samples judged per setting, the sampler steps, and
@@ -230,7 +254,8 @@ class Hardware:
     process_count: int  # > 1 only under jax.distributed
     jax_version: str
     python_version: str
-    on_colab: bool
+    runtime: str  # 'colab', 'kaggle' or 'local'
+    stack: str  # the installed versions of STACK, e.g. 'jax 0.10.2, jaxlib 0.10.2, flax 0.12.8, ...'
 
     def __str__(self) -> str:
         rows = [(field.name, getattr(self, field.name)) for field in dataclasses.fields(self)]
@@ -238,13 +263,19 @@ class Hardware:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def on_colab() -> bool:
-    """True inside a Google Colab runtime."""
-    return "google.colab" in sys.modules
+def stack_versions() -> str:
+    """The installed versions of the packages in `STACK`, as one line."""
+    versions = []
+    for name in STACK:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(versions)
 
 
 def describe() -> Hardware:
-    """Return the backend, device kind and counts that JAX sees (initialises JAX)."""
+    """Return what JAX sees (backend, device kind and counts) and the stack's versions (starts JAX)."""
     import jax
 
     devices = jax.devices()
@@ -255,18 +286,22 @@ def describe() -> Hardware:
         process_count=jax.process_count(),
         jax_version=jax.__version__,
         python_version=platform.python_version(),
-        on_colab=on_colab(),
+        runtime=hosted_runtime() or "local",
+        stack=stack_versions(),
     )
 
 
 def sizes(problem: str, backend: str | None = None) -> types.SimpleNamespace:
-    """Return the sizes of `problem` for `backend` (default: the backend JAX runs on).
+    """Return the sizes of `problem` for `backend` (default: the machine JAX runs on).
 
     Example: `sizes("matmul").n` is 1024 on a CPU and 8192 on a GPU or TPU.
 
+    The default is JAX's backend, and `MULTI_CHIP_TPU` ('tpu-8') on a TPU runtime with 8 or
+    more chips. A problem without a row for 8 chips gets its one-chip 'tpu' row there.
+
     Raises:
       KeyError: `problem` is not a row of `PROBLEM_SIZES`; the message lists the rows.
-      ValueError: `backend` is not one of 'cpu', 'gpu', 'tpu'.
+      ValueError: `backend` is not one of 'cpu', 'gpu', 'tpu', 'tpu-8'.
     """
     if problem not in PROBLEM_SIZES:
         known = ", ".join(sorted(PROBLEM_SIZES))
@@ -278,12 +313,15 @@ def sizes(problem: str, backend: str | None = None) -> types.SimpleNamespace:
         import jax
 
         backend = jax.default_backend()
-    if backend not in BACKENDS:
+        if backend == "tpu" and jax.device_count() >= 8:
+            backend = MULTI_CHIP_TPU
+    if backend not in ROWS:
         raise ValueError(
-            f"Unknown backend {backend!r}; expected one of {BACKENDS}. "
-            "Pass backend='cpu', 'gpu' or 'tpu' explicitly."
+            f"Unknown backend {backend!r}; expected one of {ROWS}. "
+            "Pass backend='cpu', 'gpu', 'tpu' or 'tpu-8' explicitly."
         )
-    return types.SimpleNamespace(**PROBLEM_SIZES[problem][backend])
+    rows = PROBLEM_SIZES[problem]
+    return types.SimpleNamespace(**rows.get(backend, rows["tpu"]))
 
 
 def simulate_cpu_devices(count: int = 8) -> list:
@@ -322,47 +360,26 @@ def simulate_cpu_devices(count: int = 8) -> list:
     return jax.devices("cpu")
 
 
-def accelerator_runtime() -> str | None:
-    """Guess, without starting JAX, whether this machine has a TPU or an NVIDIA GPU.
-
-    Used on Colab before the accelerator-specific JAX is installed, so it looks at
-    the operating system rather than asking JAX.
-    """
-    tpu_env = ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME")
-    if any(os.environ.get(name) for name in tpu_env) or glob.glob("/dev/accel[0-9]*"):
-        return "tpu"
-    if glob.glob("/dev/vfio/[0-9]*"):  # TPU v4 and later expose their chips through VFIO
-        return "tpu"
-    if glob.glob("/dev/nvidia[0-9]*"):
-        return "gpu"
-    return None
-
-
-def install_accelerator_support() -> str | None:
-    """Install the TPU or CUDA build of the pinned JAX if this machine has that accelerator.
-
-    Returns the pip requirement that was installed, or None on a CPU-only machine.
-    """
-    extra = {"tpu": "tpu", "gpu": "cuda12", None: None}[accelerator_runtime()]
-    if extra is None:
-        return None
-    requirement = f"jax[{extra}]=={importlib.metadata.version('jax')}"
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", requirement])
-    return requirement
-
-
 def setup_cell_source() -> str:
-    """The first code cell of every notebook (tests check that each notebook has it)."""
+    """The first code cell of every notebook (tests check that each notebook has it).
+
+    Before `stacklib` is installed nothing of it can run, so the cell itself tests for a hosted
+    runtime (as `hosted_runtime()` does) and installs the package alone; `prepare_runtime()`
+    then installs the locked stack it ships with.
+    """
     return (
-        "# Setup: on Colab this installs the pinned stack and stacklib (a minute or two).\n"
-        "# Anywhere else it does nothing: the README's commands installed everything.\n"
+        "# Setup. On Colab or Kaggle this installs the book's locked stack once (a few minutes; the\n"
+        "# runtime then restarts: run the notebook again from the top). Anywhere else it does nothing.\n"
+        "import importlib.util\n"
+        "import os\n"
         "import sys\n"
         "\n"
-        'if "google.colab" in sys.modules:\n'
-        f'    %pip install --quiet "stacklib @ git+{REPOSITORY_URL}@{BRANCH}"\n'
-        "    import stacklib.hw\n"
+        'if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:\n'
+        '    if importlib.util.find_spec("stacklib") is None:\n'
+        f'        %pip install --quiet --no-deps "stacklib @ git+{REPOSITORY_URL}@{BRANCH}"\n'
+        "    from stacklib import hw\n"
         "\n"
-        "    stacklib.hw.install_accelerator_support()"
+        "    hw.prepare_runtime()"
     )
 
 
@@ -376,3 +393,19 @@ def colab_badge(notebook_path: str) -> str:
     """The Markdown "Open in Colab" badge that each notebook shows under its title."""
     image = "https://colab.research.google.com/assets/colab-badge.svg"
     return f"[![Open in Colab]({image})]({colab_url(notebook_path)})"
+
+
+# The notebooks that get a Kaggle badge beside the Colab one: Kaggle's v5e-8 has 8 TPU chips,
+# where these chapters' meshes are real (Colab's free TPU is one chip).
+KAGGLE_NOTEBOOKS = ("chapters/07_scaling_out.ipynb", "chapters/16_capstone.ipynb")
+
+
+def kaggle_url(notebook_path: str) -> str:
+    """The Kaggle address that imports `notebook_path` from the repository into a new notebook."""
+    return f"https://kaggle.com/kernels/welcome?src={REPOSITORY_URL}/blob/{BRANCH}/{notebook_path}"
+
+
+def kaggle_badge(notebook_path: str) -> str:
+    """The Markdown "Open in Kaggle" badge, shown beside the Colab one in `KAGGLE_NOTEBOOKS`."""
+    image = "https://kaggle.com/static/images/open-in-kaggle.svg"
+    return f"[![Open in Kaggle]({image})]({kaggle_url(notebook_path)})"
