@@ -9,9 +9,9 @@ another thread.
 
 `add_requests` queues all the prompts of an HTTP request (a batch of prompts; `n`
 completions are already one engine request) under one hold of the lock, so they enter the
-same engine step and share every step after it. It is all or none: when the engine
-refuses one prompt, the ones queued before it are aborted before the lock is let go, and
-the loop never runs them.
+same engine step and share every step after it. It is all or none
+(`LLMEngine.add_requests`): when the engine refuses one prompt, the ones queued before it
+are taken out before the lock is let go, and the loop never runs them.
 
 Mirrors vLLM's `vllm/v1/engine/async_llm.py` (`AsyncLLM`: outputs as an async iterator of
 `RequestOutput`s; leaving the iterator early aborts the request). Differences: a thread,
@@ -79,18 +79,12 @@ class AsyncEngine:
         Raises:
           InvalidRequestError: the engine refused a prompt; none of the prompts stays queued.
         """
-        loop, queued = asyncio.get_running_loop(), []
+        loop = asyncio.get_running_loop()
         with self._lock:  # the loop cannot step between two of them
-            try:
-                for prompt in prompts:
-                    request_id = f"req-{next(self._ids)}"
-                    self.engine.add_request(request_id, prompt, params)
-                    queued.append(request_id)
-            except Exception:
-                for request_id in queued:
-                    self.engine.abort_request(request_id)
-                raise
-            queues = {request_id: asyncio.Queue() for request_id in queued}
+            ids = [f"req-{next(self._ids)}" for _ in prompts]
+            self.engine.add_requests([(request_id, prompt, params)
+                                      for request_id, prompt in zip(ids, prompts, strict=True)])
+            queues = {request_id: asyncio.Queue() for request_id in ids}
             self._queues.update({request_id: (loop, queue) for request_id, queue in queues.items()})
         self._wakeup.set()
         return [self._outputs(request_id, queue) for request_id, queue in queues.items()]

@@ -13,7 +13,8 @@ and steps until they are done; the OpenAI server (serve.py) runs the same `step(
 loop shared by all clients.
 
 Mirrors `vllm.LLM` and `vllm.v1.engine.LLMEngine` (`add_request`, `step`,
-`abort_request`, `has_unfinished_requests`). Differences: one process (vLLM runs the
+`abort_request`, `has_unfinished_requests`). Differences: `add_requests` queues a batch all
+or none (vLLM adds a batch's prompts one by one); one process (vLLM runs the
 engine core in its own process); the model is a zoo name or a `Transformer`; the cache
 size comes from `num_gpu_blocks_override` or from `max_num_seqs` full-length sequences,
 not from profiling free accelerator memory. A model folder must be in the zoo's format
@@ -139,6 +140,25 @@ class LLMEngine:
             self.scheduler.add(seq)
         self.requests[request_id] = _Request(request_id, text, ids, params, seqs)
 
+    def add_requests(self, requests: list[tuple[str, str | list[int], SamplingParams]]) -> None:
+        """Queue several (request_id, prompt, params) at once, all or none.
+
+        A batch is one answer: when a prompt is refused, the ones queued before it are taken
+        out again, so no later step runs part of a batch its caller was told had failed.
+
+        Raises:
+          InvalidRequestError, ValueError: as `add_request`; then none of `requests` is queued.
+        """
+        queued = []
+        try:
+            for request_id, prompt, params in requests:
+                self.add_request(request_id, prompt, params)
+                queued.append(request_id)
+        except Exception:
+            for request_id in queued:
+                self.abort_request(request_id)
+            raise
+
     def abort_request(self, request_id: str) -> None:
         """Stop a request (a client went away): its sequences leave and their blocks are freed."""
         request = self.requests.pop(request_id, None)
@@ -262,17 +282,9 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts; "
                              "give one, or one per prompt.")
-        engine, ids = self.llm_engine, []
-        try:
-            for prompt, p in zip(prompts, params, strict=True):
-                request_id = str(next(self._ids))
-                ids_or_text = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
-                engine.add_request(request_id, ids_or_text, p)
-                ids.append(request_id)
-        except Exception:  # all the prompts run or none: a refused one takes the others out of the queue
-            for request_id in ids:
-                engine.abort_request(request_id)
-            raise
+        engine, ids = self.llm_engine, [str(next(self._ids)) for _ in prompts]
+        prompts = [prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt for prompt in prompts]
+        engine.add_requests(list(zip(ids, prompts, params, strict=True)))
         finished = {}
         while engine.has_unfinished_requests():
             for output in engine.step():

@@ -319,17 +319,6 @@ class Goodput:
 
 # -- checkpoints ----------------------------------------------------------------------------
 
-def check_architecture(saved: dict | None, config: Config, where: str) -> None:
-    """Refuse a checkpoint whose model settings (`MODEL_KEYS`) differ from `config`'s, naming them.
-
-    The check both trainers share: `FlatConfig.check_checkpoint`.
-
-    Raises:
-      ArchitectureMismatchError: with the differing settings and the override that fits.
-    """
-    config.check_checkpoint(saved, where)
-
-
 AnyCheckpointManager = ocp.CheckpointManager | ocp.multitier.CheckpointManager
 
 
@@ -388,7 +377,7 @@ def restore_checkpoint(manager: AnyCheckpointManager, params, opt_state, config:
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     where = (f"{manager.local.directory} or {manager.persistent.directory}" if tiered
              else str(manager.directory))
-    check_architecture(saved, config, where)
+    config.check_checkpoint(saved, where)  # the MODEL_KEYS; chapter 17's trainer shares the check
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}),
         data=ocp.args.JsonRestore()))

@@ -96,7 +96,7 @@ def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -
     if config is None:  # the saved architecture; a training length the model can hold
         config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False,
                              seq_len=saved["max_seq_len"])
-    train.check_architecture(saved, config, str(directory))
+    config.check_checkpoint(saved, str(directory))  # ArchitectureMismatchError for other MODEL_KEYS
     graphdef, abstract = _abstract_params(config)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
     return nnx.merge(graphdef, restored.params)
