@@ -349,3 +349,25 @@ def test_the_accelerator_tests_are_skipped_not_passed_where_jax_sees_only_a_cpu(
     skip = accelerator.pytestmark.mark
     assert skip.name == "skipif" and skip.args == (True,)
     assert "no GPU or TPU" in skip.kwargs["reason"] and "make test-accelerator" in skip.kwargs["reason"]
+
+
+def test_glue_hands_the_value_to_myst_nb_and_returns_it(monkeypatch):
+    recorded = []
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display=True: recorded.append((name, value, display))
+    monkeypatch.setitem(sys.modules, "myst_nb", fake)
+    assert hw.glue("speedup", 2.5, display=False) == 2.5
+    assert recorded == [("speedup", 2.5, False)]
+
+
+def test_glue_without_myst_nb_shows_the_value_as_a_hosted_notebook_would(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # an import of it now fails
+    assert hw.glue("loss", 0.25) == 0.25
+    assert "0.25" in capsys.readouterr().out
+    assert hw.glue("quiet", 3, display=False) == 3
+    assert capsys.readouterr().out == ""
+
+
+def test_glue_refuses_a_name_a_myst_role_cannot_name():
+    with pytest.raises(ValueError, match="letters, digits"):
+        hw.glue("two words", 1)

@@ -27,6 +27,8 @@ import importlib.metadata
 import platform
 import types
 
+from stacklib.hw.glue import glue  # noqa: F401  (the chapters' figures, for their prose)
+
 # Re-exported: the setup cell calls `hw.prepare_runtime()`, `make test-accelerator` calls
 # `hw.install_accelerator_support()`.
 from stacklib.hw.hosted import (  # noqa: F401
