@@ -16,7 +16,7 @@ What is checked, and why:
 - The inference and serving benchmarks, at full scale: they run to the end.
 
 The figures are appended as JSON lines to `accelerator_results.jsonl` in the working
-directory, for the README's table.
+directory, for the accelerator table in CONTRIBUTING.md ("Accelerators and Python 3.13").
 """
 
 import json
