@@ -32,3 +32,21 @@ def print_ratio(what: str, ours_s: float, theirs_s: float, library: str, target:
     print(f"{what}: stacklib {ours_s * 1e3:.2f} ms, {library} {theirs_s * 1e3:.2f} ms "
           f"-> {speed:.2f}× {library}'s speed{verdict}")
     return speed
+
+
+def alternating_ratios(ours: Callable[[], object], theirs: Callable[[], object], *, rounds: int = 9,
+                       calls: int = 21) -> tuple[list[float], list[float]]:
+    """Per-call seconds of `ours` and `theirs`, measured in alternating rounds.
+
+    Each round times `calls` calls of one, then of the other (the order swaps every round),
+    and keeps each side's median: a burst of load on a shared machine then hits both
+    sides of a round alike. Returns the two lists of per-round medians; the ratio of a
+    round is `theirs[i] / ours[i]`, and the figure to report is the median of those.
+    """
+    ours(), theirs()  # warm up both
+    ours_s, theirs_s = [], []
+    for i in range(rounds):
+        order = [(ours, ours_s), (theirs, theirs_s)]
+        for run, into in order if i % 2 == 0 else reversed(order):
+            into.append(median_seconds(run, repeats=calls, warmup=0))
+    return ours_s, theirs_s

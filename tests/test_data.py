@@ -339,3 +339,14 @@ def test_more_than_one_worker_needs_a_map_dataset_underneath():
         Counting().mp_prefetch(sd.MultiprocessingOptions(num_workers=2))
     pipeline = sd.MapDataset.range(3).to_iter_dataset()
     assert pipeline.mp_prefetch(sd.MultiprocessingOptions(num_workers=0)) is pipeline
+
+
+def test_a_batch_of_none_in_some_elements_only_names_the_path():
+    with pytest.raises(ValueError, match=r"differ in structure at \['label'\]: None in some"):
+        sd.make_batch([{"label": None}, {"label": 1}])
+
+
+@pytest.mark.parametrize("index", [1.0, True])
+def test_an_index_that_is_not_an_int_is_a_type_error_unlike_grains_range(index):
+    with pytest.raises(TypeError, match="index must be an int or a slice"):
+        sd.MapDataset.range(3)[index]

@@ -236,3 +236,17 @@ def test_one_worker_runs_an_iter_dataset_without_a_map_dataset_beneath_like_grai
         pipeline = countdown().map(square).mp_prefetch(lib.MultiprocessingOptions(num_workers=1))
         streams.append(as_lists(pipeline))
     assert streams[0] == streams[1] == [25, 16, 9, 4, 1, 0]
+
+
+def _with_optional_label(x):
+    return {"x": np.full(2, x), "label": None}
+
+
+def test_none_in_an_element_is_an_empty_subtree_that_batches_to_none_as_in_grain():
+    batches = []
+    for lib in (sd, grain):
+        ds = lib.MapDataset.range(6).map(_with_optional_label)
+        batched = [ds.batch(3)[0], next(iter(ds.to_iter_dataset().batch(2)))]
+        batches.append([(b["label"], b["x"].tolist()) for b in batched])
+    assert batches[0] == batches[1]
+    assert batches[0][0] == (None, [[0, 0], [1, 1], [2, 2]])

@@ -95,7 +95,7 @@ def test_merge_and_update_name_missing_or_unknown_paths():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     with pytest.raises(ValueError, match=r"no value for dropout/rngs/count.*merge\(graphdef, params, rest\)"):
         nnx.merge(graphdef, params)
-    with pytest.raises(ValueError, match="Linear has no Variable at hidden/"):
+    with pytest.raises(ValueError, match="Linear has nothing at hidden to add hidden/"):
         nnx.update(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), params)
 
 
@@ -183,6 +183,14 @@ def test_a_variable_or_a_leaf_is_its_own_state():
     assert param[...].tolist() == [0.0, 0.0]
     with pytest.raises(TypeError, match="cannot change a int in place"):
         nnx.update(3, 4)
+
+
+def test_update_refuses_a_new_bare_array_on_a_module_and_a_path_without_a_parent():
+    model = MLP(3, 8, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="'raw' holds an array .* Wrap it"):
+        nnx.update(model, nnx.State({"hidden": {"raw": jnp.ones(2)}}))
+    with pytest.raises(ValueError, match="nothing at missing/deeper to add missing/deeper/w"):
+        nnx.update(model, nnx.State({"missing": {"deeper": {"w": nnx.Param(jnp.ones(1))}}}))
 
 
 def test_state_entries_can_be_added_by_attribute_and_deleted():

@@ -346,6 +346,8 @@ GRAPHS = [
     ("shared_in_a_list", lambda nnx: [_linear_pair(nnx)[0]] * 2),
     ("dict_with_an_array", lambda nnx: {"w": jnp.arange(3.0), "p": nnx.Param(jnp.ones(2)), "n": 7}),
     ("dict_of_variables", lambda nnx: {"p": nnx.Param(jnp.ones(2)), "b": nnx.BatchStat(jnp.zeros(1))}),
+    ("nnx_dict", lambda nnx: nnx.Dict(a=_linear_pair(nnx)[0], p=nnx.Param(jnp.ones(2)), n=3)),
+    ("shared_nnx_dict", lambda nnx: [nnx.Dict(p=nnx.Param(jnp.ones(2)), n=3)] * 2),
     ("variable", lambda nnx: nnx.Param(jnp.arange(2.0))),
     ("int", lambda nnx: 3),
     ("array", lambda nnx: jnp.arange(4.0)),
@@ -378,7 +380,7 @@ def test_split_and_merge_take_containers_variables_and_leaves_as_flax_does(name,
         assert [_structure(our_nnx, s) for s in mine] == [_structure(flax_nnx, s) for s in reference]
     rebuilt, flax_rebuilt = our_nnx.merge(*our_nnx.split(ours)), flax_nnx.merge(*flax_nnx.split(theirs))
     assert _structure(our_nnx, rebuilt) == _structure(flax_nnx, flax_rebuilt)
-    if name == "shared_in_a_list":
+    if name in ("shared_in_a_list", "shared_nnx_dict"):
         assert rebuilt[0] is rebuilt[1] and flax_rebuilt[0] is flax_rebuilt[1]
 
 
@@ -424,3 +426,79 @@ def test_a_state_takes_new_nested_entries_and_deletions_as_in_flax():
     assert states[0] == states[1] == [
         (("a",), "Param", 1), (("b", "d"), "Param", 5), (("e", "f"), "Param", 3)
     ]
+
+
+def test_an_nnx_dict_is_a_mapping_whose_entries_are_attributes_as_in_flax():
+    for nnx in (our_nnx, flax_nnx):
+        d = nnx.Dict({"a": 1}, b=2)
+        d["c"] = 3
+        d.e = 4
+        del d["a"]
+        seen = (list(d), len(d), d.b, d["e"], d.setdefault("c", 9), "a" in d)
+        assert seen == (["b", "c", "e"], 3, 2, 4, 3, False)
+        with pytest.raises(KeyError):
+            d["a"]
+
+
+class _WithDicts:
+    """A model holding an nnx.Dict of layers and a plain dict (marked data for flax 0.12)."""
+
+    @staticmethod
+    def build(nnx):
+        class Model(nnx.Module):
+            def __init__(self, rngs):
+                self.layers = nnx.Dict(encoder=nnx.Linear(2, 3, rngs=rngs), scale=nnx.Param(jnp.ones(3)))
+                self.plain = nnx.data({"b": nnx.Param(jnp.zeros(2))})
+
+            def __call__(self, x):
+                return self.layers.encoder(x) * self.layers.scale[...]
+
+        return Model(nnx.Rngs(0))
+
+
+def test_an_nnx_dict_keeps_its_attribute_access_through_clone_merge_and_jit_as_in_flax():
+    x = jnp.ones((1, 2))
+    for nnx in (our_nnx, flax_nnx):
+        model = _WithDicts.build(nnx)
+        expected = model(x)
+        for copy in (nnx.clone(model), nnx.merge(*nnx.split(model))):
+            assert type(copy.layers) is nnx.Dict and copy.layers.encoder.kernel is not None
+            np.testing.assert_array_equal(copy(x), expected)
+        np.testing.assert_array_equal(jax.jit(lambda m, x: m(x))(model, x), expected)
+
+
+def test_update_adds_entries_the_model_does_not_have_yet_as_flax_does():
+    """flax's update sets a new attribute on a module or nnx.Dict, a new key in a dict."""
+    structures = []
+    for nnx in (our_nnx, flax_nnx):
+        model = _WithDicts.build(nnx)
+        new = nnx.State({"layers": {"extra": nnx.Param(jnp.full(1, 5.0))},
+                         "plain": {"c": nnx.BatchStat(jnp.ones(1))},
+                         "top": nnx.Param(jnp.zeros(1))})
+        nnx.update(model, new)
+        assert model.layers.extra is not new["layers"]["extra"]  # a copy, not the state's Variable
+        structures.append(_structure(nnx, model))
+    assert structures[0] == structures[1]
+
+
+def test_a_variable_subclass_that_overrides_get_and_set_value_is_honoured_as_in_flax():
+    seen = []
+    for nnx in (our_nnx, flax_nnx):
+        class Offset(nnx.Param):  # reads add 3, writes add 7
+            def get_value(self, **kwargs):
+                return super().get_value(**kwargs) + 3
+
+            def set_value(self, value, **kwargs):
+                super().set_value(value + 7, **kwargs)
+
+        class Holder(nnx.Module):
+            def __init__(self):
+                self.x = Offset(jnp.array(1))
+
+        holder = Holder()
+        read = int(holder.x[...])
+        holder.x[...] = 5
+        raw = int(holder.x.get_raw_value())
+        leaves = [int(leaf) for leaf in jax.tree.leaves(nnx.state(holder))]  # the pytree holds raw values
+        seen.append((read, raw, int(holder.x.get_value()), leaves))
+    assert seen[0] == seen[1] == (4, 12, 15, [12])

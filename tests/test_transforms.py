@@ -96,6 +96,18 @@ def test_tree_flatten_sorts_dict_keys_and_round_trips():
     assert treedef.num_leaves == 3
 
 
+def test_tree_defs_of_the_same_structure_are_equal_and_hash_alike_and_others_differ():
+    from collections import namedtuple
+
+    pair = namedtuple("pair", "a b")
+    same = [tree_util.tree_structure(({"w": np.ones(2), "b": 1.0}, [None])) for _ in range(2)]
+    assert same[0] == same[1] and hash(same[0]) == hash(same[1]) and same[0] is not same[1]
+    others = [tree_util.tree_structure(t) for t in
+              [({"w": 1.0, "c": 1.0}, [None]), ({"w": 1.0, "b": 1.0}, (None,)), ({"w": 1.0, "b": 1.0}, [1.0]),
+               ((1.0, 2.0), [None]), (pair(1.0, 2.0), [None])]]
+    assert all(other != same[0] for other in others) and len(set(others)) == len(others)
+
+
 def test_tree_map_rejects_trees_of_different_structure():
     with pytest.raises(ValueError, match="tree structures differ"):
         tree_util.tree_map(lambda a, b: a + b, [1.0, 2.0], (1.0, 2.0))
@@ -367,6 +379,34 @@ def test_jit_recompiles_exactly_when_the_abstract_signature_changes(second_call,
     jitted(np.ones(3), 2)
     jitted(*second_call)
     assert jitted._cache_size() == (2 if recompiles else 1)
+
+
+def test_a_cache_hit_runs_only_the_hit_path_and_its_steps_compose_to_the_call(monkeypatch):
+    """What chapter 01 times step by step is what a call does; a hit never stages again."""
+    from stacklib.transforms import caching, lowering
+
+    jitted = st.jit(lambda p, x: {"y": tnp.sin(p["w"] * x), "n": tnp.sum(x)})
+    args = ({"w": np.full(3, 2.0)}, np.arange(3.0))
+    first = jitted(*args)
+    monkeypatch.setattr(jitted, "_stage", lambda *a: pytest.fail("a cache hit staged the function again"))
+    monkeypatch.setattr(caching, "compile_jaxpr", lambda *a: pytest.fail("a cache hit compiled again"))
+    signature, leaves = jitted.signature(args, {})  # 1. flatten, shapes and dtypes
+    traced = jitted._cache[signature]  # 2. look up
+    program = caching._compiled_program(traced.jaxpr, jitted.__name__)
+    outputs = program.run.execute(program.run.put(leaves))  # 3. hand to XLA, 4. run
+    by_steps = traced.out_tree.unflatten(lowering.to_numpy(outputs))  # 5. read back, 6. rebuild
+    again = jitted(*args)
+    for result in (by_steps, again):
+        assert result.keys() == first.keys() and all(isinstance(v, np.ndarray) for v in result.values())
+        np.testing.assert_array_equal(result["y"], first["y"])
+        np.testing.assert_array_equal(result["n"], first["n"])
+    assert jitted._cache_size() == 1
+
+
+def test_a_python_float_and_a_float64_scalar_share_a_cache_entry():
+    jitted = st.jit(lambda x: x * 2.0)
+    jitted(1.0), jitted(np.float64(3.0)), jitted(np.array(2.0))
+    assert jitted._cache_size() == 1
 
 
 def test_jit_recompiles_when_the_tree_structure_changes():

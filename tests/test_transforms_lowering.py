@@ -187,6 +187,7 @@ def test_compile_stablehlo_uses_the_xla_client_we_expect():
 
     assert callable(getattr(backend.get_backend(), "compile_and_load", None)), "Client lost compile_and_load"
     assert callable(getattr(xla_client, "batched_device_put", None)), "jaxlib lost batched_device_put"
+    assert callable(getattr(xla_client.LoadedExecutable, "execute_sharded", None)), "lost execute_sharded"
     text = ("module @m {\n  func.func public @main(%arg0: tensor<2xf64>) -> (tensor<2xf64>) {\n"
             "    %0 = stablehlo.add %arg0, %arg0 : tensor<2xf64>\n    return %0 : tensor<2xf64>\n  }\n}\n")
     avals = [st.ShapedArray((2,), np.float64)]

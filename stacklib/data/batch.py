@@ -4,10 +4,11 @@ Mirrors grain's `BatchMapDataset`, `BatchIterDataset` and `make_batch`
 (`grain/_src/python/dataset/transformations/batch.py`).
 
 A batch of pytree elements is one pytree whose leaves gain a leading axis:
-`[{"x": (3,), "y": ()}] * 8` becomes `{"x": (8, 3), "y": (8,)}`. With n elements and batch
-size b there are ceil(n / b) batches, the last holding n mod b elements (the
-remainder), or floor(n / b) batches with `drop_remainder=True`, which training loops
-use so that every step has the same shape and `jit` compiles once.
+`[{"x": (3,), "y": ()}] * 8` becomes `{"x": (8, 3), "y": (8,)}`. None is an empty
+subtree, not a leaf: `{"x": ..., "label": None}` batches to `{"x": ..., "label": None}`.
+With n elements and batch size b there are ceil(n / b) batches, the last holding
+n mod b elements (the remainder), or floor(n / b) batches with `drop_remainder=True`,
+which training loops use so that every step has the same shape and `jit` compiles once.
 
 On a `MapDataset`, batch j of epoch e holds parent elements e*n + j*b ... up to the end
 of that epoch: batches never straddle two epochs, so the remainder comes once per
@@ -32,6 +33,11 @@ from stacklib.data.filter import FilterMapDataset
 
 def _stack(values: Sequence[Any], path: str) -> Any:
     first = values[0]
+    if first is None or any(v is None for v in values):
+        if all(v is None for v in values):
+            return None  # an empty subtree, as in grain's tree library: an optional field stays None
+        raise ValueError(f"batch: elements differ in structure at {path or 'the top'}: None in some "
+                         "elements and a value in others.")
     if isinstance(first, dict):
         if any(not isinstance(v, dict) or v.keys() != first.keys() for v in values):
             raise ValueError(f"batch: elements differ in structure at {path or 'the top'}: "

@@ -30,6 +30,8 @@ Differences from grain:
   * Seeds are passed to `shuffle` and `random_map` directly; there is no `ds.seed()`.
   * No `mix`, `concatenate`, `map_with_index`, `flat_map`, `interleave`, packing,
     element-spec inference or execution statistics.
+  * An index must be an int (a NumPy integer too) or a slice: a bool or a float raises
+    a TypeError, where grain's `MapDataset.range(3)[1.0]` returns 1.0 and `[True]` is 1.
 """
 
 from __future__ import annotations

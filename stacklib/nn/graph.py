@@ -31,8 +31,8 @@ Differences from flax.nnx:
 - The GraphDef is a tree of small frozen dataclasses (`NodeDef`, `VariableDef`,
   `LeafDef`, `ContainerDef`, `NodeRef`, `Static`), not flax's flat node list; it is
   printable and hashable, but not interchangeable with flax's.
-- `update` refuses a path the graph does not have, naming it; flax ignores it on a
-  module and adds it to a dict. `state(variable)` returns the Variable and
+- `update` adds a new path as flax does, but a bare array added to a module is refused
+  (as on any module, see module.py). `state(variable)` returns the Variable and
   `update(variable, state)` sets its value, where flax 0.12.8 raises IndexError.
 - No graph-update context (`update_context`), no `pop`, `map`, `flatten`/`unflatten`,
   or tree mode (`graph=False`).
@@ -340,10 +340,12 @@ def update(node: Any, *states: Any) -> None:
     """Write the values of `states` into the matching Variables of `node`, in place.
 
     An array outside any module (in a dict or list given as `node`) is replaced in its
-    container, as in flax.
+    container, as in flax. A path the graph does not have yet is added where its parent
+    exists (a module or `nnx.Dict` gets a new attribute, a dict a new key), holding a copy
+    of the given Variable, as in flax.
 
     Raises:
-      ValueError: a state has a path that `node` does not have (the message names it).
+      ValueError: a state has a path whose parent `node` does not have (the message names it).
       TypeError: `node` is a leaf, which cannot change in place.
     """
     _, pairs = _flatten(node)
@@ -356,18 +358,42 @@ def update(node: Any, *states: Any) -> None:
     for given in states:
         for path, value in _flat_values(given):
             if path not in current:
-                raise ValueError(
-                    f"update: {type(node).__name__} has no Variable at {path_str(path)}. "
-                    "Was the state taken from a different model?"
-                )
-            new_value = value.get_value() if isinstance(value, Variable) else value
+                _add_entry(node, path, value)
+                continue
+            new_value = value.get_raw_value() if isinstance(value, Variable) else value
             if isinstance(current[path], Variable):
-                current[path].set_value(new_value)
+                current[path].set_raw_value(new_value)
             else:  # an array in a list or dict: replace it there
-                container = node
-                for key in path[:-1]:
-                    container = container[key]
-                container[path[-1]] = new_value
+                _parent(node, path)[path[-1]] = new_value
+
+
+def _parent(node: Any, path: PathParts) -> Any:
+    """The node or container that holds `path`'s last part (None when a step is missing)."""
+    for key in path[:-1]:
+        if isinstance(node, Object):  # a Dict too: its entries are its attributes
+            node = vars(node).get(key)
+        elif isinstance(node, list | tuple | dict):
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                return None
+        else:
+            return None
+    return node
+
+
+def _add_entry(node: Any, path: PathParts, value: Any) -> None:
+    parent, key = _parent(node, path), path[-1]
+    value = value.copy() if isinstance(value, Variable) else value
+    if isinstance(parent, Object) and isinstance(key, str):
+        setattr(parent, key, value)  # a module refuses a bare array here, with the fix
+    elif isinstance(parent, dict):
+        parent[key] = value
+    else:
+        raise ValueError(
+            f"update: {type(node).__name__} has nothing at {path_str(path[:-1])} to add "
+            f"{path_str(path)} to. Was the state taken from a different model?"
+        )
 
 
 def clone(node: Any) -> Any:

@@ -24,6 +24,9 @@ Differences from flax.nnx:
 - Lists, tuples and dicts of submodules are traversed automatically; flax 0.12 asks
   for `nnx.List` / `nnx.data` (both exist here as plain aliases, so that code runs).
   So our `List` is a plain list, and `iter_graph` yields no `_length` entry for it.
+  `Dict` is a graph node as in flax (attribute access, identity kept by merge), but a
+  module like the others: an array stored in it directly is refused (see below), and
+  `iter_graph` yields no `_pytree__*` entries for it.
 - A jax or NumPy array stored directly on a module (not in a Variable) is an error
   here, with the fix in the message; flax 0.12 keeps it as an anonymous state leaf.
 - Whether an attribute is pytree data or static is decided each time the module is
@@ -37,7 +40,7 @@ Differences from flax.nnx:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import jax
@@ -292,7 +295,47 @@ def _repr(value: Any, indent: str, seen: set[int]) -> str:
 
 
 List = list  # flax 0.12's nnx.List marks a list as data; here every list of modules is.
-Dict = dict  # likewise nnx.Dict
+
+
+class Dict(Module, MutableMapping):
+    """A dict whose entries are attributes, `d['a']` is `d.a`: flax's `nnx.Dict`.
+
+    Being a module, it is a graph node: two references to one Dict stay one through
+    `split`/`merge`, its entries keep their attribute access after `clone`, `merge` or
+    `jax.jit`, and `update` can add an entry. A plain dict in a module is traversed too
+    (see the module docstring), but it is a container, not a node: no attribute access,
+    and a shared one comes back as two copies. Keys are attribute names, so strings.
+
+        layers = nnx.Dict(encoder=nnx.Linear(2, 3, rngs=rngs))
+        layers.decoder = nnx.Linear(3, 2, rngs=rngs)     # the same as layers['decoder'] = ...
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        for key, value in dict(*args, **kwargs).items():
+            setattr(self, key, value)
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return vars(self)[key]
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in vars(self):
+            raise KeyError(key)
+        delattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(vars(self))  # insertion order, as a dict (and flax's Dict)
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+    # Equal when the entries are (Mapping's ==), hashed by identity like any graph node: as flax's.
+    __hash__ = object.__hash__
 
 
 def data(value: Any) -> Any:

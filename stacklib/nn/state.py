@@ -15,8 +15,8 @@ A State is a mutable mapping, as in flax: `state.b.d = nnx.Param(5)` adds a nest
 entry, `del state['b']['c']` removes one (nested States are live views, not copies).
 
 Differences from flax.nnx: no `FlatState` class (`flat_state()` returns a list of
-pairs), no `map_state`, `merge_state` or `split_state` functions (`State.merge` and
-`State.split`/`filter` methods do the same). Iteration is in sorted key order (the
+pairs), no `statelib.diff`, no `map_state`, `merge_state` or `split_state` functions
+(`State.merge` and `State.split`/`filter` methods do the same). Iteration is in sorted key order (the
 order of the flattened pytree); flax iterates in insertion order.
 """
 

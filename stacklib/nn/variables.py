@@ -89,26 +89,38 @@ class Variable:
         _register_pytree(cls)
 
     # -- reading and writing -------------------------------------------------------------
+    # `[...]` and `.value` go through `get_value`/`set_value`, so a subclass that overrides
+    # them (to transform what is read or written) is honoured, as in flax; `split`, `merge`,
+    # `update` and the pytree see the raw value (`get_raw_value`), as flax's do.
     @property
     def value(self) -> Any:
-        return self._value
+        return self.get_value()
 
     @value.setter
     def value(self, new_value: Any) -> None:
-        self._value = new_value
+        self.set_value(new_value)
 
-    def get_value(self) -> Any:
+    def get_value(self, **kwargs: Any) -> Any:
         return self._value
 
-    def set_value(self, new_value: Any) -> None:
+    def set_value(self, new_value: Any, **kwargs: Any) -> None:
+        self._value = new_value
+
+    def get_raw_value(self) -> Any:
+        """The stored value, bypassing a subclass's `get_value`."""
+        return self._value
+
+    def set_raw_value(self, new_value: Any) -> None:
+        """Store `new_value` as it is, bypassing a subclass's `set_value`."""
         self._value = new_value
 
     def __getitem__(self, index: Any) -> Any:
-        return self._value if index is Ellipsis else self._value[index]
+        value = self.get_value()
+        return value if index is Ellipsis else value[index]
 
     def __setitem__(self, index: Any, new_value: Any) -> None:
         # Arrays are immutable: `v[i] = x` builds a new array with `.at[i].set(x)`.
-        self._value = new_value if index is Ellipsis else self._value.at[index].set(new_value)
+        self.set_value(new_value if index is Ellipsis else self.get_value().at[index].set(new_value))
 
     def replace(self, value: Any) -> Variable:
         """A new Variable of the same type and metadata holding `value`."""

@@ -37,7 +37,9 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from stacklib.transforms import core, tree_util
 from stacklib.transforms.batching import primitive_batchers, vmap_flat
@@ -125,13 +127,29 @@ lowering_rules[jit_p] = _jit_lowering
 # --------------------------------------------------------------------------- jit
 
 
-@dataclasses.dataclass(frozen=True)
-class _Signature:
-    """What a staged program depends on: structure, shapes and dtypes, static values."""
+def leaf_type(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """A leaf's shape and dtype: its part of the cache key (its abstract value, as a tuple)."""
+    if isinstance(x, Tracer):
+        x = x.aval
+    elif not isinstance(x, np.ndarray | np.generic):
+        x = np.asarray(x)  # a Python scalar: float64, int64 or bool, as `get_aval` says
+    return x.shape, x.dtype
+
+
+class _Signature(NamedTuple):
+    """What a staged program depends on: structure, shapes and dtypes, static values.
+
+    A tuple of tuples, because `jit` builds, hashes and compares one on every call: Python
+    does that in C for tuples (and for `PyTreeDef`, whose comparison is one tuple's).
+    """
 
     in_tree: tree_util.PyTreeDef
-    avals: tuple[core.ShapedArray, ...]
-    statics: tuple[tuple[Any, Hashable], ...]
+    leaf_types: tuple[tuple[tuple[int, ...], np.dtype], ...]  # (shape, dtype) per leaf
+    statics: tuple[tuple[str, Hashable], ...]
+
+    @property
+    def avals(self) -> tuple[core.ShapedArray, ...]:
+        return tuple(core.ShapedArray(shape, dtype) for shape, dtype in self.leaf_types)
 
     def describe(self) -> str:
         shown = ", ".join(aval.str_short() for aval in self.avals)
@@ -173,7 +191,14 @@ def _why_new(cached: Sequence[_Signature], new: _Signature) -> str:
 
 
 class JittedFunction:
-    """A function staged per abstract signature, with the staged programs cached."""
+    """A function staged per abstract signature, with the staged programs cached.
+
+    A call that hits the cache does only what it must, in this order (chapter 01 times
+    each step): flatten the arguments and build the signature (`signature`), look it up
+    (`_cache`), and run the compiled program on the leaves (`lowering.CompiledProgram`:
+    hand them to XLA, execute, read the outputs back as NumPy), then rebuild the output
+    tree. Tracing, lowering and compiling happen only on a miss (`_stage`).
+    """
 
     def __init__(self, fun: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str],
                  interpret: bool = False):
@@ -184,9 +209,15 @@ class JittedFunction:
         self._cache: dict[_Signature, Traced] = {}
         functools.update_wrapper(self, fun)
 
-    def _split(self, args: tuple, kwargs: dict):
-        """Separate static arguments (hashed by value) from dynamic ones (traced)."""
-        static_positions = {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
+    def _static_positions(self, args: tuple) -> set[int]:
+        return {n % len(args) for n in self.static_argnums if -len(args) <= n < len(args)}
+
+    def signature(self, args: tuple, kwargs: dict) -> tuple[_Signature, list[Any]]:
+        """The cache key of a call, and the dynamic arguments' leaves (what the program takes)."""
+        if not self.static_argnums and not self.static_argnames:  # the common case, no statics
+            leaves, in_tree = tree_util.tree_flatten((args, kwargs))
+            return _Signature(in_tree, tuple([leaf_type(x) for x in leaves]), ()), leaves
+        static_positions = self._static_positions(args)
         statics = [(f"args[{i}]", args[i]) for i in sorted(static_positions)]
         statics += [(name, kwargs[name]) for name in self.static_argnames if name in kwargs]
         for name, value in statics:
@@ -200,10 +231,11 @@ class JittedFunction:
         dynamic_args = tuple(a for i, a in enumerate(args) if i not in static_positions)
         dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves, in_tree = tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
-        signature = _Signature(in_tree, tuple(get_aval(x) for x in leaves), tuple(statics))
-        return signature, leaves, static_positions
+        return _Signature(in_tree, tuple([leaf_type(x) for x in leaves]), tuple(statics)), leaves
 
-    def _stage(self, signature: _Signature, args: tuple, kwargs: dict, static_positions: set) -> Traced:
+    def _stage(self, signature: _Signature, args: tuple, kwargs: dict) -> Traced:
+        static_positions = self._static_positions(args)
+
         def with_statics(*dynamic_args, **dynamic_kwargs):
             it = iter(dynamic_args)
             full = [args[i] if i in static_positions else next(it) for i in range(len(args))]
@@ -227,17 +259,16 @@ class JittedFunction:
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Stage for these arguments without running; `.jaxpr` is the program `jit` would run."""
-        signature, _, static_positions = self._split(args, kwargs)
-        return self._stage(signature, args, kwargs, static_positions)
+        return self._stage(self.signature(args, kwargs)[0], args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        signature, leaves, static_positions = self._split(args, kwargs)
+        signature, leaves = self.signature(args, kwargs)
         traced = self._cache.get(signature)
         if traced is None:
             if config.jax_log_compiles:
                 logger.warning("Compiling %s for %s: %s.", self.__name__, signature.describe(),
                                _why_new(list(self._cache), signature))
-            traced = self._stage(signature, args, kwargs, static_positions)
+            traced = self._stage(signature, args, kwargs)
             if not traced.tracer_consts:
                 self._cache[signature] = traced
         if not self.interpret and _outside_every_transformation(leaves):
@@ -249,7 +280,7 @@ class JittedFunction:
             params = {"interpret": True} if self.interpret else {}
             outs = jit_p.bind(*traced.tracer_consts, *leaves, name=self.__name__, jaxpr=traced.jaxpr,
                               **params)
-        return tree_util.tree_unflatten(traced.out_tree, outs)
+        return traced.out_tree.unflatten(outs)
 
     def _cache_size(self) -> int:
         """How many staged programs are cached: one per abstract signature seen (as in JAX)."""

@@ -16,8 +16,8 @@ device (fusing elementwise operations into their neighbours, planning memory), a
 Why jax is imported lazily: `stacklib.transforms` is layer 0 and is a mini-JAX over
 NumPy; everything up to and including the emitter is plain Python and runs without
 jax. Only the last step, compiling text and running it, needs XLA, which ships inside
-jaxlib. So `compile_stablehlo` and `CompiledProgram.__call__` import jax when they
-are first used, and `import stacklib.transforms` stays as light as before.
+jaxlib. So `compile_stablehlo` and the `XlaExecutable` it returns import jax when
+they are first used, and `import stacklib.transforms` stays as light as before.
 
 Differences from JAX:
   * we write MLIR as text with f-strings; JAX builds it with MLIR's Python bindings
@@ -448,28 +448,23 @@ def _explain_compile_error(error: Exception, text: str) -> StableHLOCompileError
         "against the StableHLO spec (https://openxla.org/stablehlo/spec).")
 
 
-def compile_stablehlo(text: str, in_avals: Sequence[ShapedArray]) -> Callable[..., list[Any]]:
-    """Compile a StableHLO module (text) with XLA for the default device; return `run(*arrays)`.
+def compile_stablehlo(text: str, in_avals: Sequence[ShapedArray]) -> XlaExecutable:
+    """Compile a StableHLO module (text) with XLA for the default device.
 
-    `run` takes NumPy arrays of types `in_avals` and returns the outputs as jax Arrays.
-    This is the one function that uses jaxlib below JAX's public API, and nothing else
-    in stacklib does:
+    Returns an `XlaExecutable`: call it with NumPy arrays of types `in_avals` to get the
+    outputs as jax Arrays. This is the one function that uses jaxlib below JAX's public
+    API, and nothing else in stacklib does:
       * `jax.extend.backend.get_backend()` and `get_compile_options` are public (jax.extend);
       * `Client.compile_and_load(text, devices, options)` is jaxlib's own method (JAX's
         `jax._src.compiler.backend_compile_and_load` calls it), not documented;
-      * `jaxlib.xla_client.batched_device_put` wraps our arrays as device buffers without
-        a copy on CPU and keeps their dtypes whatever `jax_enable_x64` says; it is what
-        `jax.device_put` calls, minus ~0.1 ms of Python per call (a third of the gap to
-        `jax.jit` on chapter 01's MLP gradient).
+      * `XlaExecutable` calls two more jaxlib functions, see there.
     `tests/test_transforms_lowering.py::test_compile_stablehlo_uses_the_xla_client_we_expect`
-    fails loudly if an upgrade changes either.
+    fails loudly if an upgrade changes any of them.
 
     Raises:
       StableHLOCompileError: XLA rejected the text; the message quotes the offending line.
     """
-    import jax
     from jax.extend import backend as jex_backend
-    from jaxlib import xla_client
 
     client = jex_backend.get_backend()
     device = client.local_devices()[0]
@@ -480,15 +475,44 @@ def compile_stablehlo(text: str, in_avals: Sequence[ShapedArray]) -> Callable[..
         explained = _explain_compile_error(error, text)
         explained.text = text
         raise explained from None
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    jax_avals = [jax.core.ShapedArray(aval.shape, aval.dtype) for aval in in_avals]
+    return XlaExecutable(executable, device, in_avals)
 
-    def run(*arrays: np.ndarray) -> list[Any]:
-        buffers = [xla_client.batched_device_put(aval, sharding, [x], [device], True, enable_x64=True)
-                   for aval, x in zip(jax_avals, arrays, strict=True)]
-        return executable.execute(buffers)
 
-    return run
+class XlaExecutable:
+    """A compiled XLA program, and the two steps that take our arrays through it.
+
+    `put` wraps NumPy arrays as device buffers and `execute` runs the program on them;
+    calling the object does both. They are separate so that chapter 01 can time each.
+    Both are jaxlib calls below JAX's public API, the ones JAX's own `jit` makes:
+      * `xla_client.batched_device_put` wraps an array without a copy on CPU and keeps its
+        dtype whatever `jax_enable_x64` says; it is what `jax.device_put` calls, minus its
+        Python (~0.1 ms a call);
+      * `LoadedExecutable.execute_sharded(...).disassemble_into_single_device_arrays()` is
+        what jaxlib's own `execute` wraps, minus a Python frame.
+    """
+
+    def __init__(self, executable: Any, device: Any, in_avals: Sequence[ShapedArray]):
+        import jax
+        from jaxlib import xla_client
+
+        self.executable = executable
+        self._device_put = xla_client.batched_device_put
+        self._devices = [device]
+        self._sharding = jax.sharding.SingleDeviceSharding(device)
+        self._jax_avals = [jax.core.ShapedArray(aval.shape, aval.dtype) for aval in in_avals]
+
+    def put(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Our arrays as device buffers (on CPU: the same memory), one per input."""
+        return [self._device_put(aval, self._sharding, [x], self._devices, True, enable_x64=True)
+                for aval, x in zip(self._jax_avals, arrays, strict=True)]
+
+    def execute(self, buffers: list[Any]) -> list[Any]:
+        """Run the program; the outputs are jax Arrays, still being computed (XLA is asynchronous)."""
+        results = self.executable.execute_sharded(buffers).disassemble_into_single_device_arrays()
+        return [per_device[0] for per_device in results]  # one device: its single shard
+
+    def __call__(self, *arrays: np.ndarray) -> list[Any]:
+        return self.execute(self.put(arrays))
 
 
 @dataclasses.dataclass
@@ -507,7 +531,12 @@ class CompiledProgram:
     def __call__(self, *args: Any) -> list[np.ndarray]:
         # XLA reads the arrays in place (no copy on CPU); our dtypes are the program's.
         arrays = [np.asarray(a, aval.dtype) for a, aval in zip(args, self.in_avals, strict=True)]
-        return [np.asarray(out) for out in self.run(*arrays)]
+        return to_numpy(self.run(*arrays))
+
+
+def to_numpy(outputs: Sequence[Any]) -> list[np.ndarray]:
+    """jax Arrays on the CPU as NumPy arrays: read-only views of the same memory, once computed."""
+    return [np.asarray(out) for out in outputs]
 
 
 def compile_jaxpr(closed: ClosedJaxpr, name: str = "main") -> CompiledProgram:

@@ -14,7 +14,6 @@ Differences from jax.tree_util:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -23,7 +22,6 @@ def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(x, "_fields")
 
 
-@dataclasses.dataclass(frozen=True)
 class PyTreeDef:
     """The structure of a pytree with its leaves taken out.
 
@@ -31,17 +29,26 @@ class PyTreeDef:
     subtree), `node_data` what is needed to rebuild it (a dict's sorted keys, a named
     tuple's class), and `children` the structures below. Two trees with equal
     `PyTreeDef`s differ only in their leaves; `jit` uses this as part of its cache key.
+
+    Why not a dataclass: `jit` hashes and compares a fresh `PyTreeDef` on every call.
+    `_key` holds the same information as nested tuples, which Python hashes and compares
+    in C; a dataclass would compare field by field in Python, node by node.
     """
 
-    node_type: type | None
-    node_data: Hashable
-    children: tuple[PyTreeDef, ...]
+    __slots__ = ("node_type", "node_data", "children", "num_leaves", "_key")
 
-    @property
-    def num_leaves(self) -> int:
-        if self.node_type is None:
-            return 1
-        return sum(child.num_leaves for child in self.children)
+    def __init__(self, node_type: type | None, node_data: Hashable, children: tuple[PyTreeDef, ...]):
+        self.node_type = node_type
+        self.node_data = node_data
+        self.children = children
+        self.num_leaves: int = 1 if node_type is None else sum([child.num_leaves for child in children])
+        self._key = (node_type, node_data, tuple([child._key for child in children]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PyTreeDef) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
     def unflatten(self, leaves: list[Any]) -> Any:
         return tree_unflatten(self, leaves)
@@ -67,22 +74,23 @@ class PyTreeDef:
 
 
 LEAF = PyTreeDef(None, None, ())
+_NONE = PyTreeDef(type(None), None, ())
 
 
 def _flatten_into(tree: Any, leaves: list[Any]) -> PyTreeDef:
+    kind = type(tree)
+    if kind is tuple or kind is list:  # the common case first: `jit` flattens on every call
+        return PyTreeDef(kind, None, tuple([_flatten_into(child, leaves) for child in tree]))
     if tree is None:
-        return PyTreeDef(type(None), None, ())
+        return _NONE
     if isinstance(tree, dict):
         # Sorted keys, as JAX does, so {"b":, "a":} and {"a":, "b":} flatten alike.
         keys = tuple(sorted(tree))
-        children = tuple(_flatten_into(tree[key], leaves) for key in keys)
-        return PyTreeDef(dict, keys, children)
+        return PyTreeDef(dict, keys, tuple([_flatten_into(tree[key], leaves) for key in keys]))
     if _is_namedtuple(tree):
-        children = tuple(_flatten_into(child, leaves) for child in tree)
-        return PyTreeDef(type(tree), type(tree), children)
+        return PyTreeDef(kind, kind, tuple([_flatten_into(child, leaves) for child in tree]))
     if isinstance(tree, tuple | list):
-        children = tuple(_flatten_into(child, leaves) for child in tree)
-        return PyTreeDef(type(tree), None, children)
+        return PyTreeDef(kind, None, tuple([_flatten_into(child, leaves) for child in tree]))
     leaves.append(tree)
     return LEAF
 
