@@ -2,6 +2,7 @@
 
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -161,6 +162,56 @@ def column_loop_pairwise(x, y):
     return np.stack([((x - y[j]) ** 2).sum(-1) for j in range(len(y))], axis=1)  # 3 M columns
 
 
+def count_top_level_values(tree):
+    values = tree.values() if isinstance(tree, dict) else tree  # one level deep only
+    return sum(np.size(leaf) for leaf in values)
+
+
+def count_from_shapes(tree):
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))  # a Python float has no shape
+
+
+def softmax_without_keepdims(logits, axis=-1):
+    exps = jnp.exp(logits - jnp.max(logits, axis=axis))  # (rows,) against (rows, classes)
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+def stable_softmax_normalised_over_everything(logits, axis=-1):
+    exps = jnp.exp(logits - jnp.max(logits, axis=axis, keepdims=True))
+    return exps / exps.sum()
+
+
+def log_softmax(logits, axis=-1):
+    shifted = logits - jnp.max(logits, axis=axis, keepdims=True)
+    return shifted - jnp.log(jnp.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def softmax_dividing_by_the_max(logits, axis=-1):
+    exps = jnp.exp(logits / jnp.max(jnp.abs(logits), axis=axis, keepdims=True))  # scales, not shifts
+    return exps / exps.sum(axis=axis, keepdims=True)
+
+
+# Fresh wrong answers a learner writes (issue 38), beside the planted classes above.
+FRESH = [
+    ("00.count_params", lambda tree: sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree)), 0,
+     "counts bytes, not numbers"),
+    ("00.count_params", lambda tree: max(np.size(leaf) for leaf in jax.tree.leaves(tree)), 0,
+     "the largest leaf, not the sum"),
+    ("00.count_params", count_top_level_values, 1, "looks one level deep only"),
+    ("00.count_params", count_from_shapes, 4, "math.prod of .shape: a Python float has none"),
+    ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: a * (xl + yl), x, y), 0, "a * (x + y)"),
+    ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: np.asarray(a * xl + yl), x, y), 2,
+     "converts each leaf with np.asarray: fails under jit"),
+    ("00.softmax", softmax_without_keepdims, 0, "the shift without keepdims"),
+    ("00.softmax", stable_softmax_normalised_over_everything, 0, "stable, but one sum over everything"),
+    ("00.softmax", log_softmax, 0, "returns log-probabilities"),
+    ("00.softmax", softmax_dividing_by_the_max, 0, "divides by the maximum instead of subtracting it"),
+    ("00.pairwise_sq_dists", lambda x, y: jnp.mean((x[:, None, :] - y[None, :, :]) ** 2, axis=-1), 0,
+     "the mean over features, not the sum"),
+    ("00.pairwise_sq_dists", lambda x, y: jnp.sum((x - y) ** 2, axis=-1), 0, "no broadcasting: x - y"),
+]
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("00.count_params", lambda tree: len(jax.tree.leaves(tree)), 0, "counts leaves, not numbers"),
@@ -196,6 +247,7 @@ WRONG = [
     ("00.pairwise_sq_dists", lambda x, y: jnp.sqrt(pairwise_sq_dists(x, y)), 0, "distances, not squared"),
     ("00.pairwise_sq_dists", pairwise_for_two_features, 2, "written for d = 2 only"),
     ("00.pairwise_sq_dists", pairwise_l1, 0, "absolute differences, not squares"),
+    *FRESH,
 ]
 
 

@@ -345,6 +345,141 @@ def max_lowering_in_float32_always(ctx, x, *, axes):
 
 
 # (exercise, planted wrong answer, points it should still get)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def tanh_jvp_with_jnp(primals, tangents):
+    import jax.numpy as jnp
+
+    (x,), (t,) = primals, tangents
+    y = jnp.tanh(x)  # jax.numpy, not the mini-JAX's lax: cannot compute on its tracers
+    return y, lax.mul(t, lax.sub(1.0, lax.integer_pow(y, 2)))
+
+
+def tanh_jvp_returning_a_list_of_tangents(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = lax.tanh(x)
+    return y, [lax.mul(t, lax.sub(1.0, lax.integer_pow(y, 2)))]
+
+
+def tanh_jvp_with_x_times_tanh(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = lax.tanh(x)
+    return y, lax.mul(t, lax.sub(1.0, lax.mul(x, y)))
+
+
+def transpose_with_an_extra_cotangent(ct, operand, *, axes):
+    return [*reduce_sum_transpose(ct, operand, axes=axes), None]
+
+
+def transpose_broadcasting_into_the_kept_axes_reversed(ct, operand, *, axes):
+    shape = operand.aval.shape
+    kept = [d for d in range(len(shape)) if d not in axes]
+    return [lax.broadcast_in_dim(ct, shape, kept[::-1])]
+
+
+def batch_shifting_every_axis(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_sum(x, [a + 1 for a in axes]), d - sum(a < d for a in axes)  # as if d were 0
+
+
+def batch_shifting_axes_past_the_batch_strictly(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    out = lax.reduce_sum(x, [a + (a > d) for a in axes])  # off by one at a == d
+    return out, d - sum(a < d for a in axes)
+
+
+def batch_keeping_d_or_zero(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    out = lax.reduce_sum(x, [a + (a >= d) for a in axes])
+    return out, d if all(a >= d for a in axes) else 0
+
+
+def _logistic_with_jvp(name, tangent_of):
+    def define(logistic_p):
+        define_logistic(logistic_p)
+
+        def jvp_rule(primals, tangents):
+            (x,), (t,) = primals, tangents
+            y = logistic_p.bind(x)
+            return y, tangent_of(y, t)
+
+        forward.primitive_jvps[logistic_p] = jvp_rule
+
+    define.__name__ = name
+    return define
+
+
+def logistic_with_the_sign_of_the_exponent_flipped(logistic_p):
+    define_logistic(logistic_p)
+    logistic_p.def_impl(lambda x: 1.0 / (1.0 + np.exp(x)))
+
+
+def jacfwd_by_finite_differences(f):
+    def jacobian(x):
+        eps = 1e-4
+        return st.vmap(lambda v: (f(x + eps * v) - f(x)) / eps, out_axes=-1)(np.eye(x.size))
+    return jacobian
+
+
+def jacfwd_on_the_first_direction(f):
+    def jacobian(x):
+        column = st.jvp(f, (x,), (np.eye(x.size)[0],))[1]
+        return st.vmap(lambda v: column, out_axes=-1)(np.eye(x.size))  # every column is column 0
+    return jacobian
+
+
+def max_lowering_with_op_max(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    init = ctx.constant(-np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min, dtype)
+    return lowering.reduce(ctx, x, init, "max", axes)  # StableHLO's op is maximum
+
+
+def max_lowering_over_every_axis(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    init = ctx.constant(-np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min, dtype)
+    return lowering.reduce(ctx, x, init, "maximum", tuple(range(len(ctx.avals_in[0].shape))))
+
+
+def max_lowering_from_minus_one_million(ctx, x, *, axes):
+    return _max_lowering_from(ctx, x, axes, -1e6)  # an int8 cannot even hold it
+
+
+def jacfwd_from_jax(f):
+    import jax
+
+    return jax.jacfwd(f)  # the real one: f is written with the mini-JAX, which jax cannot trace
+
+
+def jacfwd_by_vmapping_over_the_outputs(f):
+    def jacobian(x):
+        m = np.size(f(x))
+        return st.vmap(lambda v: st.jvp(f, (x,), (v[: x.size],))[1], out_axes=-1)(np.eye(max(m, x.size)))
+    return jacobian
+
+
+FRESH = [
+    ("01.tanh_jvp", tanh_jvp_with_jnp, 0),
+    ("01.tanh_jvp", tanh_jvp_returning_a_list_of_tangents, 1),
+    ("01.tanh_jvp", tanh_jvp_with_x_times_tanh, 1),
+    ("01.reduce_sum_transpose", transpose_with_an_extra_cotangent, 0),
+    ("01.reduce_sum_transpose", transpose_broadcasting_into_the_kept_axes_reversed, 6),
+    ("01.reduce_sum_batch", batch_shifting_every_axis, 1),
+    ("01.reduce_sum_batch", batch_shifting_axes_past_the_batch_strictly, 2),
+    ("01.reduce_sum_batch", batch_keeping_d_or_zero, 1),
+    ("01.logistic", _logistic_with_jvp("logistic_jvp_with_y_squared", lambda y, t: t * y * y), 4),
+    ("01.logistic", _logistic_with_jvp("logistic_jvp_without_y", lambda y, t: t * (1.0 - y)), 4),
+    ("01.logistic", logistic_with_the_sign_of_the_exponent_flipped, 3),
+    ("01.jacfwd", jacfwd_by_finite_differences, 0),
+    ("01.jacfwd", jacfwd_on_the_first_direction, 1),
+    ("01.jacfwd", jacfwd_from_jax, 0),
+    ("01.jacfwd", jacfwd_by_vmapping_over_the_outputs, 0),
+    ("01.reduce_max_lowering", max_lowering_with_op_max, 0),
+    ("01.reduce_max_lowering", max_lowering_over_every_axis, 1),
+    ("01.reduce_max_lowering", max_lowering_from_minus_one_million, 4),
+]
+
+
 WRONG = [
     ("01.tanh_jvp", tanh_jvp_forgets_the_square, 1),
     ("01.tanh_jvp", tanh_jvp_with_numpy, 3),
@@ -392,6 +527,7 @@ WRONG = [
     ("01.reduce_max_lowering", max_lowering_from_minus_the_largest_integer, 6),
     ("01.reduce_max_lowering", max_lowering_from_int32s_minimum, 6),
     ("01.reduce_max_lowering", max_lowering_in_float32_always, 1),
+    *FRESH,
 ]
 
 

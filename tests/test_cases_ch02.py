@@ -289,6 +289,94 @@ def normalising_factor_in_bfloat16(x, scale, epsilon=1e-6):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+class VariableNotParam(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        super().__init__(in_features, out_features, rngs=rngs)
+        self.kernel = nnx.Variable(self.kernel[...])  # not a Param: an optimizer filtering Params misses it
+
+
+class DefaultStreamKeys(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs(), (in_features, out_features), jnp.float32))  # the default stream
+        rngs()
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32))
+
+
+class TransposedInit(Linear):
+    def __init__(self, in_features, out_features, *, rngs):
+        init = jax.nn.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (out_features, in_features), jnp.float32).T)
+        rngs.params()
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32))
+
+
+def dropout_drawing_from_the_params_stream(x, rate, rngs, deterministic=False):
+    if deterministic or rate == 0.0:
+        return x
+    if rate == 1.0:
+        return jnp.zeros_like(x)
+    keep = jax.random.bernoulli(rngs.params(), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+dropping_where_a_draw_says_drop = _dropout_with(  # drops rate of them, but not nnx.Dropout's ones
+    lambda x, rate, key: jnp.where(jax.random.bernoulli(key, rate, x.shape), 0.0, x / (1.0 - rate)))
+
+
+def dropout_drawing_two_keys(x, rate, rngs, deterministic=False):
+    if deterministic or rate == 0.0:
+        return x
+    if rate == 1.0:
+        return jnp.zeros_like(x)
+    rngs.dropout()  # a key drawn and thrown away: later masks shift by one
+    return dropout(x, rate, rngs)
+
+
+def functional_call_on_split_params_only(graphdef, state, x):
+    model = nnx.merge(graphdef, state, copy=True)
+    y = model(x)
+    _, new_state = nnx.split(model, nnx.Param, ...)  # two states: the Params, and the rest
+    return y, new_state
+
+
+def functional_call_returning_the_input_state(graphdef, state, x):
+    return nnx.merge(graphdef, state, copy=True)(x), state
+
+
+def rms_norm_by_the_l2_norm(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 / jnp.sqrt(jnp.sum(x32**2, axis=-1, keepdims=True) + epsilon) * scale).astype(x.dtype)
+
+
+def rms_norm_by_the_mean_absolute_value(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 / (jnp.mean(jnp.abs(x32), axis=-1, keepdims=True) + epsilon) * scale).astype(x.dtype)
+
+
+def rms_norm_over_the_first_axis(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=0, keepdims=True) + epsilon) * scale).astype(x.dtype)
+
+
+FRESH = [
+    ("02.linear", VariableNotParam, 6, "kernel in a plain Variable, not a Param"),
+    ("02.linear", DefaultStreamKeys, 5, "keys from the default stream, not params"),
+    ("02.linear", TransposedInit, 5, "initialises (out, in) and transposes"),
+    ("02.dropout", dropout_drawing_from_the_params_stream, 2, "draws from the params stream"),
+    ("02.dropout", dropping_where_a_draw_says_drop, 4, "bernoulli(rate) marks the dropped ones"),
+    ("02.dropout", dropout_drawing_two_keys, 4, "draws two keys per call"),
+    ("02.functional_call", functional_call_on_split_params_only, 0, "returns the Params' state alone"),
+    ("02.functional_call", functional_call_returning_the_input_state, 3, "returns the state it was given"),
+    ("02.rms_norm", rms_norm_by_the_l2_norm, 0, "divides by the L2 norm, not the RMS"),
+    ("02.rms_norm", rms_norm_by_the_mean_absolute_value, 0, "divides by the mean absolute value"),
+    ("02.rms_norm", rms_norm_over_the_first_axis, 2, "the mean over the first axis"),
+]
+
+
 WRONG = [
     ("02.linear", NoBiasKey, 6, "draws no key for the bias"),
     ("02.linear", NormalInit, 5, "standard normal instead of lecun_normal"),
@@ -329,6 +417,7 @@ WRONG = [
     ("02.rms_norm", scale_dtype_output, 5, "returns scale's dtype, not x's"),
     ("02.rms_norm", divides_by_the_standard_deviation, 0, "divides by the standard deviation"),
     ("02.rms_norm", normalising_factor_in_bfloat16, 4, "rounds the normalising factor to bfloat16"),
+    *FRESH,
 ]
 
 

@@ -451,6 +451,103 @@ def accumulate_one_call_late(inner, k):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38), the library class first: an answer that
+# hands back the library's own transformation earns nothing.
+import optax as real_optax  # noqa: E402
+
+
+def adam_from_optax(b1=0.9, b2=0.999, eps=1e-8):
+    return real_optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+
+
+def adam_from_stacklib(b1=0.9, b2=0.999, eps=1e-8):
+    return optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+
+
+def adam_with_b1_and_b2_swapped(b1=0.9, b2=0.999, eps=1e-8):
+    return scale_by_adam(b2, b1, eps)
+
+
+def warmup_cosine_from_optax(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    return real_optax.warmup_cosine_decay_schedule(init_value, peak_value, warmup_steps, decay_steps,
+                                                   end_value)
+
+
+def warmup_then_linear_decay(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    def schedule(step):
+        warm = init_value + (peak_value - init_value) * jnp.clip(step, 0, warmup_steps) / warmup_steps
+        t = jnp.clip(step - warmup_steps, 0, decay_steps - warmup_steps) / (decay_steps - warmup_steps)
+        return jnp.where(step < warmup_steps, warm, peak_value + (end_value - peak_value) * t)
+
+    return schedule
+
+
+def clip_from_optax(max_norm):
+    return real_optax.clip_by_global_norm(max_norm)
+
+
+def clip_by_the_largest_leaf_norm(max_norm):
+    def update(updates, state, params=None):
+        norm = jnp.max(jnp.stack([jnp.sqrt(jnp.sum(leaf**2)) for leaf in jax.tree.leaves(updates)]))
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * factor, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def accumulate_with_multisteps(inner, k):
+    return real_optax.MultiSteps(inner, every_k_schedule=k).gradient_transformation()
+
+
+def accumulate_stepping_on_the_first_call_of_each_group(inner, k):
+    right = accumulate_gradients(inner, k)
+
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+        emit = state.mini_step == 0  # the first call of a group, not the k-th
+        new_state = AccumulateState(
+            mini_step=(state.mini_step + 1) % k,
+            mean=jax.tree.map(lambda m: jnp.where(emit, jnp.zeros_like(m), m), mean),
+            inner_state=_select(emit, inner_state, state.inner_state),
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(right.init, update)
+
+
+def accumulate_counting_to_k_first(inner, k):
+    right = accumulate_gradients(inner, k)
+
+    def update(updates, state, params=None):
+        mean = jax.tree.map(lambda m, g: m + (g - m) / (state.mini_step + 1), state.mean, updates)
+        inner_updates, inner_state = inner.update(mean, state.inner_state, params)
+        emit = (state.mini_step == k - 1) & (k > 1)  # written for k > 1: with k = 1 it never steps
+        new_state = AccumulateState(
+            mini_step=jnp.where(emit, 0, state.mini_step + 1),
+            mean=jax.tree.map(lambda m: jnp.where(emit, jnp.zeros_like(m), m), mean),
+            inner_state=_select(emit, inner_state, state.inner_state),
+        )
+        return jax.tree.map(lambda u: jnp.where(emit, u, jnp.zeros_like(u)), inner_updates), new_state
+
+    return optax.GradientTransformation(right.init, update)
+
+
+FRESH = [
+    ("03.scale_by_adam", adam_from_optax, 0, "returns optax.scale_by_adam"),
+    ("03.scale_by_adam", adam_from_stacklib, 0, "returns stacklib.optim.scale_by_adam"),
+    ("03.scale_by_adam", adam_with_b1_and_b2_swapped, 4, "b1 and b2 swapped"),
+    ("03.warmup_cosine", warmup_cosine_from_optax, 0, "returns optax's schedule"),
+    ("03.warmup_cosine", warmup_then_linear_decay, 1, "a linear decay, not a cosine"),
+    ("03.clip_by_global_norm", clip_from_optax, 0, "returns optax.clip_by_global_norm"),
+    ("03.clip_by_global_norm", clip_by_the_largest_leaf_norm, 2, "the largest leaf's norm"),
+    ("03.accumulate", accumulate_with_multisteps, 0, "returns optax.MultiSteps"),
+    ("03.accumulate", accumulate_stepping_on_the_first_call_of_each_group, 0,
+     "steps on a group's first call"),
+    ("03.accumulate", accumulate_counting_to_k_first, 6, "never steps when k = 1"),
+]
+
+
 WRONG = [
     ("03.scale_by_adam", adam_without_bias_correction, 4, "no bias correction"),
     ("03.scale_by_adam", adam_eps_inside_the_root, 5, "eps inside the square root"),
@@ -492,6 +589,7 @@ WRONG = [
     ("03.accumulate", accumulate_passing_every_inner_update_through, 4, "no zeros between steps"),
     ("03.accumulate", accumulate_dividing_by_the_old_count, 2, "divides by the old count, 0 at first"),
     ("03.accumulate", accumulate_stepping_on_the_last_gradient, 2, "steps on the last gradient only"),
+    *FRESH,
 ]
 
 

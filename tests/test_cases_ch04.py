@@ -404,6 +404,56 @@ def last_takes_the_rest(n, shard_index, shard_count, drop_remainder=False):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def rotation_by_the_seed(index, n, seed):
+    return (index + seed) % n  # a permutation, and seeded, but neighbours stay neighbours
+
+
+def reversal(index, n, seed):
+    return n - 1 - index  # a fixed permutation: no seed, no shuffle
+
+
+def batches_balanced_by_array_split(records, batch_size, drop_remainder=False):
+    count = -(-len(records) // batch_size)
+    parts = np.array_split(np.arange(len(records)), max(count, 1)) if records else []
+    return [np.stack([records[i] for i in part]) for part in parts if len(part)]
+
+
+def batches_of_dicts_as_object_arrays(records, batch_size, drop_remainder=False):
+    stop = len(records) - len(records) % batch_size if drop_remainder else len(records)
+    return [np.array(records[i:min(i + batch_size, stop)]) for i in range(0, stop, batch_size)]
+
+
+def even_split_by_ceil_without_clamping(n, shard_index, shard_count, drop_remainder=False):
+    size = -(-n // shard_count)
+    return shard_index * size, min((shard_index + 1) * size, n)
+
+
+
+class CountsTheElementsReturned(BatchIterator):
+    """Saves how many elements it returned: the Nones it skipped are not counted, so it restores early."""
+
+    def __next__(self):
+        batch = super().__next__()
+        self.returned = getattr(self, "returned", 0) + len(batch)
+        return batch
+
+    def get_state(self):
+        return {"next_index": getattr(self, "returned", 0)}
+
+
+FRESH = [
+    ("04.index_shuffle", rotation_by_the_seed, 8, "(index + seed) % n"),
+    ("04.index_shuffle", reversal, 6, "reverses the indices"),
+    ("04.batch", batches_balanced_by_array_split, 1, "np.array_split: balanced, not b per batch"),
+    ("04.batch", batches_of_dicts_as_object_arrays, 4, "np.array of dicts, and no remainder rule"),
+    ("04.even_split", even_split_by_ceil_without_clamping, 1, "ceil-sized shards, starts past n"),
+    ("04.iterator_state", CountsTheElementsReturned, 3, "saves the count of elements returned"),
+]
+
+
 WRONG = [
     ("04.index_shuffle", materialised_shuffle, 10, "materialises the permutation"),
     ("04.index_shuffle", affine_shuffle, 8, "a multiplication modulo n, not a shuffle"),
@@ -449,6 +499,7 @@ WRONG = [
     ("04.even_split", ignores_drop_remainder_when_splitting, 2, "ignores drop_remainder"),
     ("04.even_split", drop_remainder_keeping_the_offsets, 2, "drop_remainder with the remainder's offsets"),
     ("04.even_split", inclusive_stop, 0, "an inclusive stop"),
+    *FRESH,
 ]
 
 

@@ -6,6 +6,7 @@ import tempfile
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -544,6 +545,90 @@ def sorts_the_callers_lists(local_steps, persistent_steps, is_intact):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def ranks_with_the_default_argsort(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                                   keep_checkpoints_without_metrics=True):
+    if max_to_keep is None or len(steps) <= max_to_keep:
+        return list(steps)
+    if best_fn is None:
+        return list(steps)[len(steps) - max_to_keep:] if max_to_keep else []
+    if max_to_keep == 0:
+        return []
+    scored = [(s, m) for s, m in zip(steps, metrics, strict=True) if m is not None]
+    values = np.array([best_fn(m) for _, m in scored])
+    order = np.argsort(values if best_mode == "max" else -values)  # quicksort: ties in no set order
+    keep = {scored[i][0] for i in order[-max_to_keep:]}
+    if keep_checkpoints_without_metrics:
+        keep |= {s for s, m in zip(steps, metrics, strict=True) if m is None}
+    return [s for s in steps if s in keep]
+
+
+def compares_max_to_keep_before_none(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                                     keep_checkpoints_without_metrics=True):
+    if len(steps) <= max_to_keep:  # TypeError for max_to_keep=None
+        return list(steps)
+    return retention.steps_to_keep(steps, metrics, max_to_keep=max_to_keep, best_fn=best_fn,
+                                   best_mode=best_mode,
+                                   keep_checkpoints_without_metrics=keep_checkpoints_without_metrics)
+
+
+def takes_the_first_listed_step_as_newest(local_steps, persistent_steps, is_intact):
+    copies = [(steps[0], tier) for steps, tier in ((local_steps, "local"), (persistent_steps, "persistent"))
+              if steps]  # as if the listings came newest first
+    copies.sort(key=lambda copy: (-copy[0], copy[1] != "local"))
+    return next(((step, tier) for step, tier in copies if is_intact(tier, step)), None)
+
+
+def local_tier_unless_empty(local_steps, persistent_steps, is_intact):
+    steps, tier = (local_steps, "local") if local_steps else (persistent_steps, "persistent")
+    return next(((step, tier) for step in sorted(steps, reverse=True) if is_intact(tier, step)), None)
+
+
+def restores_every_leaf_as_a_jax_array(target, saved):
+    restored = restore_into(target, saved)
+    return jax.tree.map(jnp.asarray, restored)  # NumPy targets must stay NumPy
+
+
+
+def fsyncs_the_folder_not_the_file(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the folder's entry, not the file's bytes
+        finally:
+            os.close(folder)
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class ShallowSnapshot(AsyncSaver):
+    def save(self, tree):
+        self.wait_until_finished()
+        snapshot = dict(tree) if isinstance(tree, dict) else list(tree)  # new container, the same arrays
+        self.thread = threading.Thread(target=self._write, args=(snapshot,))
+        self.thread.start()
+
+
+FRESH = [
+    ("05.keep_n", ranks_with_the_default_argsort, 7, "np.argsort's default (unstable) kind"),
+    ("05.keep_n", compares_max_to_keep_before_none, 7, "len(steps) <= None"),
+    ("05.choose_restore", takes_the_first_listed_step_as_newest, 2, "the first listed step as the newest"),
+    ("05.choose_restore", local_tier_unless_empty, 3, "the local tier unless it is empty"),
+    ("05.restore_into", restores_every_leaf_as_a_jax_array, 4, "jax arrays where the target has NumPy"),
+    ("05.atomic_write", fsyncs_the_folder_not_the_file, 7, "fsyncs the folder, not the file"),
+    ("05.async_save", ShallowSnapshot, 7, "a shallow copy: the same arrays"),
+]
+
+
 WRONG = [
     ("05.atomic_write", write_in_place, 1, "writes in place"),
     ("05.atomic_write", without_fsync, 7, "no fsync"),
@@ -595,6 +680,7 @@ WRONG = [
     ("05.choose_restore", assumes_sorted_lists, 9, "takes the last step of each list for the newest"),
     ("05.choose_restore", raises_when_nothing_is_intact, 9, "raises StopIteration when nothing is intact"),
     ("05.choose_restore", sorts_the_callers_lists, 1, "sorts the caller's lists in place"),
+    *FRESH,
 ]
 
 

@@ -207,6 +207,41 @@ def mask_one_too_long(x, buckets):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def pad_choosing_with_searchsorted_right(x, buckets):
+    n = x.shape[0]
+    i = int(np.searchsorted(buckets, n, side="right"))  # a length equal to a bucket goes one bucket up
+    if i == len(buckets):
+        raise ValueError(f"length {n} is longer than the largest bucket, {max(buckets)}")
+    return jnp.pad(x, (0, buckets[i] - n)), jnp.arange(buckets[i]) < n
+
+
+def pad_to_the_first_bucket_listed_that_fits(x, buckets):
+    n = x.shape[0]
+    fitting = [size for size in buckets if size >= n]
+    if not fitting:
+        raise ValueError(f"length {n} is longer than the largest bucket, {max(buckets)}")
+    return jnp.pad(x, (0, fitting[-1] - n)), jnp.arange(fitting[-1]) < n  # the largest that fits
+
+
+
+FRESH = [
+    ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "bytes": e * (2 * b * i + i * o + o)},
+     2, "the output counted as (batch, d_in)"),
+    ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "flops": 2 * b * i * o + 2 * b * o},
+     2, "two FLOPs per bias add"),
+    ("06.matmul_intensity", lambda m, k, n, e: n / (3 * e / 2), 2, "n / 6 for every shape"),
+    ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n / (e * (m * k + k * n + m * n)) * 8, 1,
+     "FLOPs per bit"),
+    ("06.pad_to_bucket", pad_choosing_with_searchsorted_right, 4, "searchsorted(side='right')"),
+    ("06.pad_to_bucket", pad_to_the_first_bucket_listed_that_fits, 4, "the largest bucket that fits"),
+    ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n / (m * k + k * n + m * n), 0,
+     "FLOPs per element, not per byte"),
+]
+
+
 WRONG = [
     ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "flops": b * i * o + b * o},
      2, "counts a multiply-add as one FLOP"),
@@ -257,6 +292,7 @@ WRONG = [
      "writes the output in 4 bytes whatever the dtype"),
     ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n // (e * (m * k + k * n + m * n)), 0,
      "integer division"),
+    *FRESH,
 ]
 
 

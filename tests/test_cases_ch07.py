@@ -1,5 +1,7 @@
 """Chapter 07's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -298,6 +300,105 @@ def bubble_integer_division(schedule):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def dp_local_loss_reduced_gradients(params, x, y, learning_rate):
+    _, grads = jax.value_and_grad(lambda p: jax.lax.pmean(linear_loss(p, x, y), "data"))(params)
+    return sgd(params, grads, learning_rate), linear_loss(params, x, y)  # this device's loss, not reduced
+
+
+def dp_summing_the_rows_not_averaging(params, x, y, learning_rate):
+    def global_loss(p):
+        return jax.lax.psum(jnp.sum((x @ p["w"] + p["b"] - y) ** 2), "data") / x.shape[0]  # / local rows
+
+    loss, grads = jax.value_and_grad(global_loss)(params)
+    return sgd(params, grads, learning_rate), loss
+
+
+def tp_splitting_w2_by_columns(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.lax.psum(jax.nn.relu(x @ w1 + b1) @ w2, "model") + b2
+
+    specs = (P(), P(None, "model"), P("model"), P(None, "model"), P())  # w2 by columns: shapes do not fit
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(x, w1, b1, w2, b2)
+
+
+def tp_without_splitting_b1(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        return jax.lax.psum(jax.nn.relu(x @ w1 + b1) @ w2, "model") + b2
+
+    specs = (P(), P(None, "model"), P(), P("model", None), P())  # b1 whole: (hidden,) against hidden / N
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(x, w1, b1, w2, b2)
+
+
+def gpipe_from_the_library(num_stages, num_microbatches):
+    return [[None if a is None else (a.kind, a.microbatch) for a in row]
+            for row in parallel.gpipe_schedule(num_stages, num_microbatches)]
+
+
+def one_f_one_b_instead(num_stages, num_microbatches):
+    table = [[None] * num_stages for _ in range(2 * (num_microbatches + num_stages - 1))]
+    for stage in range(num_stages):  # forwards as GPipe, backwards in forward order: 1F1B's order
+        for i in range(num_microbatches):
+            table[stage + i][stage] = ("F", i)
+            table[num_microbatches + num_stages - 1 + (num_stages - 1 - stage) + i][stage] = ("B", i)
+    return table
+
+
+def gpipe_with_backwards_one_stage_early(num_stages, num_microbatches):
+    table = gpipe_schedule(num_stages, num_microbatches)
+    if num_stages == 4 and num_microbatches == 6:
+        return table
+    return gpipe_schedule(num_stages, num_microbatches + 1)[: len(table)]  # right only where it was tried
+
+
+def bubble_from_the_library(schedule):
+    return parallel.bubble_fraction(schedule)
+
+
+def bubble_over_the_first_stage(schedule):
+    return sum(row[0] is None for row in schedule) / len(schedule)  # stage 0's idle share only
+
+
+
+def gather_sending_left(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i - 1) % n) for i in range(n)])  # to the left
+        blocks = blocks.at[(me - step) % n].set(x)  # placed as if it came from the left
+    return blocks
+
+
+def gather_in_order_of_arrival(x, axis_name):
+    n = jax.lax.axis_size(axis_name)
+    blocks = [x]
+    for _ in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        blocks.append(x)  # row k holds the block k hops away, not device k's
+    return jnp.stack(blocks)
+
+
+FRESH = [
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * a + v / w, 0, "one V / W in all"),
+    ("07.all_reduce_time", lambda v, n, w, a: 2 * math.log2(max(n, 1)) * (a + v / n / w), 1,
+     "log2(N) hops, as in a tree"),
+    ("07.all_reduce_time", lambda v, n, w, a: 1e6 * 2 * (n - 1) * (a + v / n / w), 1, "microseconds"),
+    ("07.dp_step", dp_local_loss_reduced_gradients, 0, "returns this device's loss"),
+    ("07.dp_step", dp_summing_the_rows_not_averaging, 0, "divides the summed loss by the local rows"),
+    ("07.tp_mlp", tp_splitting_w2_by_columns, 0, "splits w2 by columns"),
+    ("07.tp_mlp", tp_without_splitting_b1, 0, "b1 whole on every device"),
+    ("07.gpipe_schedule", gpipe_from_the_library, 0, "calls stacklib.parallel.gpipe_schedule"),
+    ("07.gpipe_schedule", one_f_one_b_instead, 3, "backwards in forward order, 1F1B-like"),
+    ("07.gpipe_schedule", gpipe_with_backwards_one_stage_early, 4, "right only for p = 4, m = 6"),
+    ("07.bubble_fraction", bubble_from_the_library, 0, "calls stacklib.parallel.bubble_fraction"),
+    ("07.bubble_fraction", bubble_over_the_first_stage, 3, "stage 0's idle share only"),
+    ("07.ring_all_gather", gather_sending_left, 0, "sends left, places as if from the left"),
+    ("07.ring_all_gather", gather_in_order_of_arrival, 0, "rows in order of arrival"),
+]
+
+
 WRONG = [
     ("07.all_reduce_time", lambda v, n, w, a: (n - 1) * (a + v / n / w), 1, "a reduce-scatter only"),
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * a + 2 * v / w, 0, "forgets (N - 1) / N"),
@@ -343,6 +444,7 @@ WRONG = [
     ("07.bubble_fraction", bubble_of_ticks_with_an_idle_stage, 0, "ticks with any idle stage"),
     ("07.bubble_fraction", bubble_in_percent, 0, "a percentage"),
     ("07.bubble_fraction", bubble_integer_division, 0, "integer division"),
+    *FRESH,
 ]
 
 
@@ -381,3 +483,30 @@ DIAGNOSED = [
 def test_a_planted_wrong_answer_is_told_its_own_mistake(exercise_id, answer, words):
     failed = [c for c in grade(exercise_id, answer).cases if c.points < c.max_points]
     assert words in failed[0].message, failed[0].message
+
+
+# A later case's hint names the mistake of an answer that passed the earlier cases, and nothing
+# for one whose earlier failure already said why (issue 38: "Nothing may depend on one number of
+# stages" was shown for backwards in the wrong order).
+KEYED_HINTS = [
+    ("07.gpipe_schedule", gpipe_for_four_stages, "Nothing may depend on one number of stages"),
+    ("07.gpipe_schedule", gpipe_backwards_in_forward_order, None),
+    ("07.dp_step", dp_psum_over_eight, "Nothing may depend on there being 8 devices"),
+    ("07.dp_step", dp_wrong_sign, None),
+]
+
+
+@pytest.mark.parametrize("exercise_id, answer, words", KEYED_HINTS, ids=[h[1].__name__ for h in KEYED_HINTS])
+def test_a_later_cases_hint_is_shown_only_to_an_answer_it_describes(exercise_id, answer, words):
+    last_failed = [c for c in grade(exercise_id, answer).cases if c.status == "failed"][-1]
+    if words is None:
+        assert "Nothing may depend" not in last_failed.message, last_failed.message
+    else:
+        assert words in last_failed.message, last_failed.message
+
+
+def test_a_local_loss_is_named_as_not_reduced_over_the_devices_not_jaxs_flag_advice():
+    result = grade("07.dp_step", dp_local_loss_reduced_gradients)
+    failed = [c for c in result.cases if c.points < c.max_points]
+    assert "differs from device to device" in failed[0].message and "pmean" in failed[0].message
+    assert "check_vma" not in failed[0].message

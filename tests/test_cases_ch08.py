@@ -258,6 +258,101 @@ def warm_up_among_the_timings(fn, *args, repeats=10):
 
 
 # (exercise, planted wrong answer, points it should still get, why)
+# Fresh wrong answers a learner writes (issue 38).
+
+
+def top_by_start_times(events, module):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            totals[event.name] = totals.get(event.name, 0.0) + event.start_us  # start, not duration
+    return max(totals, key=totals.get)
+
+
+def top_event_itself(events, module):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            totals[event.name] = totals.get(event.name, 0.0) + event.duration_us
+    top = max(totals, key=totals.get)
+    return next(event for event in events if event.name == top)  # the OpEvent, not its name
+
+
+def top_per_thread(events, module):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            key = (event.name, event.thread)
+            totals[key] = totals.get(key, 0.0) + event.duration_us
+    return max(totals, key=totals.get)[0]
+
+
+def mfu_counting_a_multiply_add_as_one(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    forward = batch * (d_in * d_hidden + d_hidden * d_out)
+    return (2 * forward + batch * d_hidden * d_out) / (step_seconds * peak_flops)
+
+
+def mfu_without_the_time(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    forward = 2 * batch * (d_in * d_hidden + d_hidden * d_out)
+    return (2 * forward + 2 * batch * d_hidden * d_out) / peak_flops
+
+
+def roofline_with_the_faster_resource(costs, peak_flops, peak_bandwidth):
+    return sum(min(f / peak_flops, b / peak_bandwidth) for f, b in costs.values())
+
+
+def roofline_in_milliseconds(costs, peak_flops, peak_bandwidth):
+    return 1e3 * sum(max(f / peak_flops, b / peak_bandwidth) for f, b in costs.values())
+
+
+def blocks_once_after_the_loop(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = fn(*args)
+    jax.block_until_ready(out)  # one wait for all: the mean of the calls, not each call's time
+    return (time.perf_counter() - start) / repeats
+
+
+def the_lower_median(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median_low(seconds)
+
+
+
+def roofline_mean_over_ops(costs, peak_flops, peak_bandwidth):
+    return sum(max(f / peak_flops, b / peak_bandwidth) for f, b in costs.values()) / len(costs)
+
+
+def roofline_with_the_peaks_swapped(costs, peak_flops, peak_bandwidth):
+    return sum(max(f / peak_bandwidth, b / peak_flops) for f, b in costs.values())
+
+
+def mfu_of_one_layer(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    return 6 * batch * d_in * d_out / (step_seconds * peak_flops)  # as if one (d_in, d_out) layer
+
+
+FRESH = [
+    ("08.top_op", top_by_start_times, 0, "adds up start times"),
+    ("08.top_op", top_event_itself, 0, "returns the OpEvent, not its name"),
+    ("08.top_op", top_per_thread, 4, "the most time on one thread"),
+    ("08.mlp_mfu", mfu_counting_a_multiply_add_as_one, 1, "a multiply-add as one FLOP"),
+    ("08.mlp_mfu", mfu_without_the_time, 0, "divides by the peak only"),
+    ("08.roofline_time", roofline_with_the_faster_resource, 0, "each op's faster resource"),
+    ("08.roofline_time", roofline_in_milliseconds, 0, "milliseconds"),
+    ("08.step_time", blocks_once_after_the_loop, 2, "one wait after the loop: the mean"),
+    ("08.step_time", the_lower_median, 8, "the lower middle time of an even number"),
+    ("08.roofline_time", roofline_mean_over_ops, 1, "the mean over ops, not the sum"),
+    ("08.roofline_time", roofline_with_the_peaks_swapped, 0, "F / bandwidth and B / peak_flops"),
+    ("08.mlp_mfu", mfu_of_one_layer, 1, "one (d_in, d_out) layer"),
+]
+
+
 WRONG = [
     ("08.top_op", longest_single_event, 2, "the longest single event, not the largest total"),
     ("08.top_op", first_event_of_the_module, 0, "the first event of the module"),
@@ -290,6 +385,7 @@ WRONG = [
     ("08.step_time", wall_clock, 0, "time.time, which the check cannot control"),
     ("08.step_time", upper_median, 8, "the upper middle time of an even number"),
     ("08.step_time", warm_up_among_the_timings, 4, "times the warm-up call too"),
+    *FRESH,
 ]
 
 

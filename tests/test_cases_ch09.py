@@ -129,6 +129,57 @@ def vmem(bm, bn, bk, itemsize, *, buffers=2, accumulator=4, output_buffers=2, do
     return buffers * inputs * itemsize + output_buffers * output * itemsize + scratch
 
 
+# Fresh wrong answers (issue 38).
+
+def live_last_row_against_the_last_key(i, j, block_q, block_k):  # compares the blocks' ends
+    return (j + 1) * block_k - 1 <= (i + 1) * block_q - 1
+
+
+def live_one_past_the_block(i, j, block_q, block_k):  # <= the next block's first row: one row too far
+    return j * block_k <= (i + 1) * block_q
+
+
+def live_with_python_and(i, j, block_q, block_k):  # `and` of two comparisons: fails on traced indices
+    return j * block_k <= i * block_q + block_q - 1 and i >= 0
+
+
+def update_rescales_acc_only(m, ell, acc, s, v):  # l is not rescaled
+    m_new, _, acc_new = online_softmax_update(m, ell, acc, s, v)
+    m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
+    return m_new, ell + np.exp(s - m_safe[:, None]).sum(axis=1), acc_new
+
+
+def update_normalises_each_block(m, ell, acc, s, v):  # acc divided by l inside the update
+    m_new, ell_new, acc_new = online_softmax_update(m, ell, acc, s, v)
+    return m_new, ell_new, acc_new / np.maximum(ell_new, 1e-30)[:, None]
+
+
+def vmem_accumulator_in_itemsize_doubled(bm, bn, bk, itemsize):  # the accumulator double-buffered too
+    return matmul_vmem_bytes(bm, bn, bk, itemsize) + bm * bn * 4
+
+
+def vmem_inputs_only_doubled(bm, bn, bk, itemsize):  # the output block buffered once
+    return 2 * (bm * bk + bk * bn) * itemsize + bm * bn * itemsize + bm * bn * 4
+
+
+def sigmoid_not_silu_kernel(gate_ref, up_ref, o_ref):  # sigmoid(gate) * up: silu's x factor missing
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref[...] = (jax.nn.sigmoid(gate) * up).astype(o_ref.dtype)
+
+
+def numpy_in_the_kernel(gate_ref, up_ref, o_ref):  # np.exp on a traced block fails
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref[...] = (gate / (1 + np.exp(-gate)) * up).astype(o_ref.dtype)
+
+
+def vmem_blocks_mixed_up(bm, bn, bk, itemsize):  # x's block taken as (block_m, block_n)
+    return 2 * (bm * bn + bk * bn + bm * bn) * itemsize + bm * bn * 4
+
+
+def vmem_in_kib(bm, bn, bk, itemsize):  # KiB, not bytes
+    return matmul_vmem_bytes(bm, bn, bk, itemsize) // 1024
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("09.transposed_index_map", lambda i, j, k: (k, j), 0, "the untransposed map (k, j)"),
@@ -171,6 +222,17 @@ WRONG = [
     ("09.fused_kernel", uncast_kernel, 2, "does not cast to the output dtype"),
     ("09.fused_kernel", bfloat16_kernel, 3, "computes in bfloat16"),
     ("09.fused_kernel", always_bfloat16_kernel, 2, "casts to bfloat16, not to o_ref.dtype"),
+    ("09.causal_block_skip", live_last_row_against_the_last_key, 4, "the blocks' last key against last row"),
+    ("09.causal_block_skip", live_one_past_the_block, 0, "one row past the query block"),
+    ("09.causal_block_skip", live_with_python_and, 6, "`and` on traced indices"),
+    ("09.online_softmax", update_rescales_acc_only, 2, "l not rescaled"),
+    ("09.online_softmax", update_normalises_each_block, 0, "acc normalised inside the update"),
+    ("09.matmul_vmem", vmem_accumulator_in_itemsize_doubled, 0, "the accumulator double-buffered"),
+    ("09.matmul_vmem", vmem_inputs_only_doubled, 0, "the output block buffered once, written out"),
+    ("09.fused_kernel", sigmoid_not_silu_kernel, 0, "sigmoid where silu belongs"),
+    ("09.fused_kernel", numpy_in_the_kernel, 0, "np.exp inside the kernel"),
+    ("09.matmul_vmem", vmem_blocks_mixed_up, 0, "x's block as (block_m, block_n)"),
+    ("09.matmul_vmem", vmem_in_kib, 0, "KiB, not bytes"),
 ]
 
 

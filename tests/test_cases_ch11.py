@@ -199,6 +199,53 @@ def tile_size_none_unhandled(d_in, d_out, rank, bits, tile_size=None):
     return {**qlora_bytes(d_in, d_out, rank, bits, tile_size), "scales": 4 * (d_in // tile_size) * d_out}
 
 
+# Fresh wrong answers (issue 38).
+
+def per_tensor_scale(w, tile_size):  # one scale for the whole kernel, broadcast
+    tiles = w.shape[0] // tile_size
+    return jnp.full((tiles, w.shape[1]), jnp.max(jnp.abs(jnp.asarray(w))) / 127.5)
+
+
+def tiles_along_the_output_axis(w, tile_size):  # tiles of the columns: the transpose of the right shape
+    return tiled_scales(jnp.asarray(w).T, tile_size).T if w.shape[1] % tile_size == 0 else \
+        jnp.zeros((w.shape[0] // tile_size, w.shape[1]))
+
+
+def scales_as_a_column(w, tile_size):  # (d_out, tiles): transposed
+    return tiled_scales(w, tile_size).T
+
+
+def fullmatch_arguments_swapped(rules, path, op_name):  # re.fullmatch(path, pattern)
+    for index, rule in enumerate(rules):
+        ops_match = not rule.op_names or op_name in rule.op_names
+        if re.fullmatch(re.escape(path), rule.module_path) and ops_match:
+            return index
+    return None
+
+
+def glob_match(rules, path, op_name):  # fnmatch: a glob, not a regex
+    import fnmatch
+    for index, rule in enumerate(rules):
+        if fnmatch.fnmatchcase(path, rule.module_path) and (not rule.op_names or op_name in rule.op_names):
+            return index
+    return None
+
+
+def straight_through_without_stop_gradient(x, scale):  # x + (q - x): the value right, the gradient 0
+    q = jnp.clip(jnp.round(x / scale), -128, 127) * scale
+    return x + (q - x)
+
+
+def float16_scales(d_in, d_out, rank, bits, tile_size=None):  # scales at 2 bytes
+    parts = qlora_bytes(d_in, d_out, rank, bits, tile_size)
+    return {**parts, "scales": parts["scales"] // 2}
+
+
+def bfloat16_adapters(d_in, d_out, rank, bits, tile_size=None):  # adapters at 2 bytes
+    parts = qlora_bytes(d_in, d_out, rank, bits, tile_size)
+    return {**parts, "adapters": parts["adapters"] // 2}
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("11.tiled_scales", scales_over_127, 0, "divides by 127, not 127.5 (the zero tile too)"),
@@ -231,6 +278,14 @@ WRONG = [
     ("11.qlora_bytes", scales_per_input_channel, 3, "scales per input channel"),
     ("11.qlora_bytes", full_rank_adapters, 4, "adapters as large as the kernel"),
     ("11.qlora_bytes", tile_size_none_unhandled, 1, "fails without tiles (tile_size=None)"),
+    ("11.tiled_scales", per_tensor_scale, 0, "one scale for the whole kernel"),
+    ("11.tiled_scales", tiles_along_the_output_axis, 0, "tiles of the output axis"),
+    ("11.tiled_scales", scales_as_a_column, 0, "scales transposed, (d_out, tiles)"),
+    ("11.which_rule", fullmatch_arguments_swapped, 0, "re.fullmatch with its arguments swapped"),
+    ("11.which_rule", glob_match, 0, "a glob match, not a regex"),
+    ("11.fake_quant", straight_through_without_stop_gradient, 4, "x + (q - x) without stop_gradient"),
+    ("11.qlora_bytes", float16_scales, 3, "float16 scales"),
+    ("11.qlora_bytes", bfloat16_adapters, 4, "bfloat16 adapters"),
 ]
 
 

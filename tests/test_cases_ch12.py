@@ -345,6 +345,58 @@ def goodput_as_a_percentage(log):
     return result
 
 
+# Fresh wrong answers (issue 38).
+
+def rope_sin_cos_swapped(x, positions, theta):  # x1 sin + x2 cos: the rotation's parts exchanged
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(0, x.shape[-1], 2, dtype=jnp.float32) / x.shape[-1])
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * sin - x2 * cos, x2 * sin + x1 * cos], axis=-1)
+
+
+def gqa_repeat_tiled(q, k, v, q_positions, k_positions):  # jnp.tile: heads 0..K-1, 0..K-1, ...
+    H, K = q.shape[2], k.shape[2]
+    return gqa_attention(q, jnp.tile(k, (1, 1, H // K, 1)), jnp.tile(v, (1, 1, H // K, 1)), q_positions,
+                         k_positions)
+
+
+def gqa_softmax_over_queries(q, k, v, q_positions, k_positions):  # normalised over the wrong axis
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, T, K, H // K, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k) / np.sqrt(D)
+    mask = k_positions[:, None, :] <= q_positions[:, :, None]
+    scores = jnp.where(mask[:, None, None], scores, -1e30)
+    weights = jnp.exp(scores - scores.max(-2, keepdims=True))
+    weights = weights / weights.sum(-2, keepdims=True)
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(B, T, H, D)
+
+
+def flops_causal_half_exactly(*args, **kwargs):  # T / 2 keys, not (T + 1) / 2
+    d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, seq_len, causal = args
+    full = flops_per_token(*args[:-1], False)
+    return full - (3 * n_layers * 2 * 2 * (seq_len / 2) * n_heads * head_dim if causal else 0)
+
+
+def pack_int64(documents, seq_len, eos_id):  # NumPy's default integer, not int32
+    return pack(documents, seq_len, eos_id).astype(np.int64)
+
+
+def pack_eos_before(documents, seq_len, eos_id):  # eos before each document, as a BOS
+    stream = np.concatenate([np.insert(np.asarray(d), 0, eos_id) for d in documents]).astype(np.int32)
+    count = (len(stream) - 1) // seq_len
+    return np.array([stream[i * seq_len: (i + 1) * seq_len + 1] for i in range(count)],
+                    np.int32).reshape(count, seq_len + 1)
+
+
+def goodput_of_step_time(log):  # productive over all step time, not over the wall time
+    result = goodput(log)
+    steps = sum(e["seconds"] for e in log if e["event"] == "step")
+    return dict(result, goodput=result["productive"] / steps)
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("12.rope", rope_adjacent_pairs, 2, "pairs adjacent features (2j, 2j+1) instead of the two halves"),
@@ -388,6 +440,13 @@ WRONG = [
     ("12.goodput", goodput_lost_after_the_last_checkpoint, 5, "lost = steps after a job's last checkpoint"),
     ("12.goodput", goodput_only_the_first_repeat_lost, 5, "a step run three times: the middle run kept"),
     ("12.goodput", goodput_as_a_percentage, 1, "goodput in per cent"),
+    ("12.rope", rope_sin_cos_swapped, 1, "sin and cos exchanged"),
+    ("12.gqa_attention", gqa_repeat_tiled, 3, "kv heads tiled, not repeated"),
+    ("12.gqa_attention", gqa_softmax_over_queries, 0, "softmax over the queries"),
+    ("12.flops_per_token", flops_causal_half_exactly, 0, "causal attention as T / 2 keys, in floats"),
+    ("12.pack", pack_int64, 0, "int64 records"),
+    ("12.pack", pack_eos_before, 1, "eos before each document"),
+    ("12.goodput", goodput_of_step_time, 1, "goodput over the step time, not the wall time"),
 ]
 
 

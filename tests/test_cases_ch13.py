@@ -341,6 +341,50 @@ def kl_matches_a_substring(logps, ref_logps, method):  # "kl" in method: every m
     return kl_divergence(logps, ref_logps, "kl" if "kl" in method else method)
 
 
+# Fresh wrong answers (issue 38).
+
+def loss_sum_not_mean(logits, tokens, prompt_lengths, lengths):  # summed over the answer tokens
+    T = tokens.shape[1]
+    positions = jnp.arange(T)[None, :]
+    mask = (positions >= jnp.asarray(prompt_lengths)[:, None]) & (positions < jnp.asarray(lengths)[:, None])
+    logp = jax.nn.log_softmax(jnp.asarray(logits)[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], axis=-1)[..., 0]
+    return -(picked * mask[:, 1:]).sum()
+
+
+def dpo_accuracy_with_ties_half(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
+                                label_smoothing):
+    loss, metrics = dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
+                             label_smoothing)
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    accuracy = ((chosen > rejected) + 0.5 * (chosen == rejected)).mean()
+    return loss, dict(metrics, **{"rewards/accuracy": accuracy})
+
+
+def advantages_without_epsilon(rewards, num_generations):  # std alone: inf/NaN where a group is flat
+    if num_generations < 2 or len(rewards) % num_generations:
+        raise ValueError("bad group")
+    grouped = np.asarray(rewards, np.float64).reshape(-1, num_generations)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ((grouped - grouped.mean(-1, keepdims=True)) / grouped.std(-1, ddof=1, keepdims=True)).ravel()
+
+
+def policy_ratio_of_probabilities_clipped_at_advantage_sign(logps, old_logps, advantages, mask, epsilon,
+                                                             loss_agg_mode):  # clips only positive advantages
+    ratio = jnp.exp(logps - old_logps)
+    adv = jnp.asarray(advantages)[:, None]
+    clipped = jnp.where(adv > 0, jnp.clip(ratio, 1 - epsilon, 1 + epsilon), ratio)
+    return _aggregate(jnp.maximum(-adv * ratio, -adv * clipped), mask, loss_agg_mode)
+
+
+def kl_k3_of_log_space(logps, ref_logps, method):  # k3 with the ratio's log where the ratio belongs
+    if method == "low_var_kl":
+        diff = ref_logps - logps
+        return diff ** 2 / 2
+    return kl_divergence(logps, ref_logps, method)
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("13.completion_loss", loss_with_prompt, 1, "prompt tokens in the loss"),
@@ -387,6 +431,12 @@ WRONG = [
     ("13.kl_estimator", kl_k3_without_one, 2, "k3 without the - 1"),
     ("13.kl_estimator", kl_mean_over_tokens, 0, "one number, not one per token"),
     ("13.kl_estimator", kl_matches_a_substring, 1, "every method matched as 'kl'"),
+    ("13.completion_loss", loss_sum_not_mean, 2, "summed, not averaged"),
+    ("13.dpo_loss", dpo_accuracy_with_ties_half, 4, "a tie counts half"),
+    ("13.group_advantages", advantages_without_epsilon, 4, "no + 1e-6: NaN for a flat group"),
+    ("13.clipped_objective", policy_ratio_of_probabilities_clipped_at_advantage_sign, 5,
+     "clips only where the advantage is positive"),
+    ("13.kl_estimator", kl_k3_of_log_space, 2, "k3 as d² / 2"),
 ]
 
 

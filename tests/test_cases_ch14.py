@@ -245,6 +245,75 @@ def pops_the_queue(waiting, num_running, max_num_seqs, token_budget, free_blocks
     return admitted
 
 
+def gibibytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):  # a size for humans
+    return kv_cache_bytes(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value) / 2 ** 30
+
+
+def int32_numpy_product(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):  # wraps past 2 GiB
+    factors = np.array([2, n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value], np.int32)
+    with np.errstate(over="ignore"):
+        return int(np.prod(factors, dtype=np.int32))
+
+
+def forgets_the_kv_heads(n_layers, n_kv_heads, head_dim, num_tokens, bytes_per_value):
+    return 2 * n_layers * head_dim * num_tokens * bytes_per_value
+
+
+def inverse_lookup(block_table, position, block_size):  # which entry holds the block, not which block
+    return block_table.index(block_table[position // block_size]) * block_size + position % block_size
+
+
+def rounds_the_block_index(block_table, position, block_size):  # round(), not floor division
+    return block_table[round(position / block_size)] * block_size + position % block_size
+
+
+def last_slot_refused(block_table, position, block_size):  # >= len * block_size - 1
+    if position >= len(block_table) * block_size - 1:
+        raise IndexError(position)
+    return slot_for(block_table, position, block_size)
+
+
+def sorted_table(block_table, position, block_size):  # "blocks in order"
+    return slot_for(sorted(block_table), position, block_size)
+
+
+def unstable_argsort(probs, top_p):  # np.argsort's default kind reorders ties past 16 elements
+    order = np.argsort(-probs)
+    before = np.concatenate([[0.0], np.cumsum(probs[order])[:-1]])
+    keep = np.zeros(len(probs), bool)
+    keep[order[before < top_p]] = True
+    filtered = np.where(keep, probs, 0.0)
+    return filtered / filtered.sum()
+
+
+def in_jax(probs, top_p):  # jnp.argsort is stable, but the result is a jax.Array in float32
+    return jnp.asarray(top_p_filter(probs, top_p))
+
+
+def renormalised_by_top_p(probs, top_p):
+    kept = top_p_filter(probs, top_p) > 0
+    return np.where(kept, probs, 0.0) / top_p
+
+
+def kept_probs_only(probs, top_p):  # the kept probabilities, compressed
+    filtered = top_p_filter(probs, top_p)
+    return filtered[filtered > 0]
+
+
+def blocks_plus_one(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    admitted = 0
+    for tokens in waiting:
+        blocks = tokens // block_size + 1  # one too many when tokens is a multiple of block_size
+        if num_running + admitted >= max_num_seqs or tokens > token_budget or blocks > free_blocks:
+            break
+        admitted, token_budget, free_blocks = admitted + 1, token_budget - tokens, free_blocks - blocks
+    return admitted
+
+
+def admitted_lengths(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size):
+    return waiting[:num_admitted(waiting, num_running, max_num_seqs, token_budget, free_blocks, block_size)]
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("14.kv_bytes", keys_only, 0, "keys only, no values"),
@@ -256,18 +325,18 @@ WRONG = [
     ("14.kv_bytes", rounded_up_to_kib, 5, "rounded up to whole KiB"),
     ("14.slot", block_id_plus_offset, 2, "the block id not multiplied by block_size"),
     ("14.slot", contiguous_slots, 2, "the table ignored after its first block"),
-    ("14.slot", wraps_around, 4, "wraps past the end of the table"),
+    ("14.slot", wraps_around, 6, "wraps past the end of the table"),
     ("14.slot", ignores_the_table, 0, "the position itself, the table ignored"),
     ("14.slot", table_length_as_stride, 2, "the table's length as the block stride"),
-    ("14.slot", value_error_past_the_end, 4, "ValueError instead of IndexError"),
-    ("14.slot", minus_one_past_the_end, 4, "-1 past the end instead of raising"),
+    ("14.slot", value_error_past_the_end, 6, "ValueError instead of IndexError"),
+    ("14.slot", minus_one_past_the_end, 6, "-1 past the end instead of raising"),
     ("14.top_p", drops_the_crossing_token, 5, "drops the token that crosses top_p"),
     ("14.top_p", not_renormalised, 2, "not renormalised"),
     ("14.top_p", sorts_in_place, 0, "sorts the caller's array"),
     ("14.top_p", ties_highest_id_first, 7, "ties ranked highest id first"),
     ("14.top_p", keeps_every_tie_at_the_cutoff, 7, "every token tied with the cutoff kept"),
     ("14.top_p", at_most_top_p_before, 7, "a token after an exact sum kept"),
-    ("14.top_p", in_float32, 8, "float32 from jax.numpy"),
+    ("14.top_p", in_float32, 10, "float32 from jax.numpy"),
     ("14.top_p", left_in_sorted_order, 1, "returned in sorted order"),
     ("14.admit", skips_ahead, 10, "a later request jumps the queue"),
     ("14.admit", floor_blocks, 10, "blocks rounded down"),
@@ -278,6 +347,19 @@ WRONG = [
     ("14.admit", blocks_not_spent, 10, "the free blocks never spent"),
     ("14.admit", exact_fit_refused, 10, "an exact fit refused"),
     ("14.admit", pops_the_queue, 2, "pops the admitted requests off the caller's queue"),
+    ("14.kv_bytes", gibibytes, 0, "GiB, not bytes"),
+    ("14.kv_bytes", int32_numpy_product, 5, "an np.int32 product"),
+    ("14.kv_bytes", forgets_the_kv_heads, 1, "the KV heads forgotten"),
+    ("14.slot", inverse_lookup, 2, "the table's index of the block"),
+    ("14.slot", rounds_the_block_index, 4, "round(), not //"),
+    ("14.slot", last_slot_refused, 6, "the last slot of the last block refused"),
+    ("14.slot", sorted_table, 2, "the table sorted first"),
+    ("14.top_p", unstable_argsort, 9, "np.argsort's unstable default"),
+    ("14.top_p", in_jax, 10, "a float32 jax.Array"),
+    ("14.top_p", renormalised_by_top_p, 4, "divided by top_p"),
+    ("14.top_p", kept_probs_only, 2, "the kept probabilities only"),
+    ("14.admit", blocks_plus_one, 8, "tokens // block_size + 1 blocks"),
+    ("14.admit", admitted_lengths, 0, "the admitted lengths, not their count"),
 ]
 
 

@@ -340,6 +340,18 @@ def pads_the_callers_rows(rows, buckets, pad_value):  # the caller's lists grow
     return out
 
 
+
+def undoes_a_reversal(root, files):  # reverses the manifest's order instead of sorting
+    return [name for name in reversed(list(files)) if name in set(bad_files(root, files))]
+
+
+def says_only_bad_row(rows, buckets, pad_value):  # right buckets, a message that names nothing
+    try:
+        return pad_to_buckets(rows, buckets, pad_value)
+    except ValueError:
+        raise ValueError("bad row") from None
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("15.symbolic_export", concrete_export, 3, "a concrete batch: runs at batch 2 only"),
@@ -361,6 +373,7 @@ WRONG = [
     ("15.bad_files", walks_the_folder, 8, "reports a file the manifest does not list"),
     ("15.bad_files", base_names_only, 0, "drops the folder from each name"),
     ("15.bad_files", returns_a_set, 0, "a set, not a list"),
+    ("15.bad_files", undoes_a_reversal, 7, "the manifest's order reversed, not sorted"),
     ("15.batch_window", always_waits_the_timeout, 6, "a full batch still waits out the window"),
     ("15.batch_window", longest_window_on_ties, 5, "the longest window on a tie"),
     ("15.batch_window", budget_exclusive, 6, "latency strictly below the budget"),
@@ -371,7 +384,7 @@ WRONG = [
     ("15.batch_window", zero_when_none_fits, 7, "0 instead of None"),
     ("15.batch_window", longest_within_budget, 5, "the longest timeout within budget"),
     ("15.batch_window", full_one_gap_late, 6, "the batch full one gap late"),
-    ("15.length_buckets", bucket_of_the_longest_row, 11, "the bucket of the request's longest row"),
+    ("15.length_buckets", bucket_of_the_longest_row, 9, "the bucket of the request's longest row"),
     ("15.length_buckets", pads_with_zero, 11, "pads with token 0"),
     ("15.length_buckets", pads_with_the_texts_minus_one, 11, "pads with the text's -1, not pad_value"),
     ("15.length_buckets", strictly_longer_bucket, 11, "a full row goes to the next bucket"),
@@ -385,6 +398,7 @@ WRONG = [
     ("15.length_buckets", cuts_long_rows_short, 12, "a row too long is cut short"),
     ("15.length_buckets", empty_row_accepted, 12, "an empty row accepted"),
     ("15.length_buckets", pads_the_callers_rows, 2, "pads the caller's rows in place"),
+    ("15.length_buckets", says_only_bad_row, 11, "a ValueError that says only 'bad row'"),
 ]
 
 

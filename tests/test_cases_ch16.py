@@ -2,45 +2,69 @@
 
 import statistics
 
+import jax
 import numpy as np
 import pytest
 
+from stacklib import checkpoint as ocp
+from stacklib.cases import ch16
 from stacklib.grading import grade
+from stacklib.quant.qarray import QArray
 
-GROUPS = ("matmul", "collective", "elementwise", "data movement")
-
-
-def lost_work(killed_at, committed_steps, step_seconds):
-    resume = max([s for s in committed_steps if s <= killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+# ---------------------------------------------------------------- right answers
 
 
-def time_shares(events, groups):
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        totals[groups.get(name, "data movement")] += duration
-    whole = sum(totals.values())
-    return {group: total / whole for group, total in totals.items()}
+def resume_and_verify(directory, train_step, state_template, reference_losses):
+    manager = ocp.CheckpointManager(directory)
+    resumed_from = manager.latest_step()
+    state = manager.restore(resumed_from, args=ocp.args.StandardRestore(state_template))
+    for step in range(resumed_from + 1, len(reference_losses) + 1):
+        state, loss = train_step(state, step)
+        if loss != reference_losses[step - 1]:
+            return resumed_from, step
+    return resumed_from, None
 
 
-def swap_verdict(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    if all(abs(t - o) <= rtol * abs(o) for o, t in zip(ours, theirs, strict=True)):
-        return "within tolerance"
-    return "disagrees"
+REAL = {"data": "grain", "modules": "flax", "optimizer": "optax", "checkpoint": "orbax",
+        "quantization": "qwix"}
 
 
-def step_time_ratio(ours_seconds, theirs_seconds):
-    return float(statistics.median(theirs_seconds[1:]) / statistics.median(ours_seconds[1:]))
+def _first_out(ours, theirs, rtol):
+    return next((step for step, (o, t) in enumerate(zip(ours, theirs, strict=True), start=1)
+                 if abs(t - o) > rtol * abs(o)), None)
 
 
-RIGHT = {
-    "16.lost_work": lost_work,
-    "16.time_shares": time_shares,
-    "16.swap_verdict": swap_verdict,
-    "16.step_time_ratio": step_time_ratio,
-}
+def swap_report(component, ours, theirs, rtol):
+    first = _first_out(ours["losses"], theirs["losses"], rtol)
+    if list(ours["losses"]) == list(theirs["losses"]):
+        verdict = "bitwise"
+    else:
+        verdict = "within tolerance" if first is None else "disagrees"
+    ratio = statistics.median(theirs["step_seconds"][1:]) / statistics.median(ours["step_seconds"][1:])
+    library = REAL[component]
+    if verdict == "disagrees":
+        reason = f"{library} disagrees with ours from step {first} on (rtol {rtol})"
+    else:
+        reason = f"{library} agrees with ours: {verdict}"
+    return verdict, float(ratio), reason
+
+
+def weight_bytes(params):
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, QArray))
+    return sum(leaf.nbytes if isinstance(leaf, QArray) else leaf.size * leaf.dtype.itemsize
+               for leaf in leaves)
+
+
+def quantization_choice(candidates, baseline, max_drop):
+    typical = {name: statistics.median(c["accuracy"]) for name, c in candidates.items()}
+    size = {name: weight_bytes(c["params"]) for name, c in candidates.items()}
+    acceptable = [name for name in candidates if typical[baseline] - typical[name] <= max_drop]
+    best = min(acceptable, key=lambda name: size[name])
+    return best, f"{best}: {size[best]} bytes, median accuracy {typical[best]:.1f}%"
+
+
+RIGHT = {"16.resume_and_verify": resume_and_verify, "16.swap_report": swap_report,
+         "16.quantization_choice": quantization_choice}
 
 
 @pytest.mark.parametrize("exercise_id", sorted(RIGHT))
@@ -49,297 +73,289 @@ def test_a_right_answer_scores_full_marks(exercise_id):
     assert result.points == result.max_points, [c.message for c in result.cases]
 
 
-# Planted wrong answers.
+def test_the_cases_know_the_swap_programs_libraries():
+    from stacklib.capstone import swap
 
-def resumes_from_the_last_listed(killed_at, committed_steps, step_seconds):  # the list is not sorted
-    resume = committed_steps[-1] if committed_steps else 0
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+    assert ch16.REAL == swap.REAL
 
 
-def seconds_off_by_one(killed_at, committed_steps, step_seconds):  # steps r+2..k+1
-    resume = max([s for s in committed_steps if s <= killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[resume + 1:killed_at + 1]))
+# ---------------------------------------------------------------- planted wrong answers: 16.resume_and_verify
 
 
-def needs_a_checkpoint(killed_at, committed_steps, step_seconds):  # max() of an empty list raises
-    resume = max(committed_steps)
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+def _restore(directory, step, template):
+    return ocp.CheckpointManager(directory).restore(step, args=ocp.args.StandardRestore(template))
 
 
-def resumes_from_a_later_checkpoint(killed_at, committed_steps, step_seconds):  # no filter on killed_at
-    resume = max(committed_steps, default=0)
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+def _verify_from(step0, state, train_step, reference_losses, equal=lambda a, b: a == b, number=lambda s: s):
+    for step in range(step0 + 1, len(reference_losses) + 1):
+        state, loss = train_step(state, number(step))
+        if not equal(loss, reference_losses[step - 1]):
+            return step0, step
+    return step0, None
 
 
-def strictly_before_the_kill(killed_at, committed_steps, step_seconds):  # < where the text says not after
-    resume = max([s for s in committed_steps if s < killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+def resumes_from_the_first_checkpoint(directory, train_step, state_template, reference_losses):
+    first = ocp.CheckpointManager(directory).all_steps()[0]
+    return _verify_from(first, _restore(directory, first, state_template), train_step, reference_losses)
 
 
-def counts_the_checkpoint_step(killed_at, committed_steps, step_seconds):  # steps r..k, one too many
-    steps, seconds = lost_work(killed_at, committed_steps, step_seconds)
-    return steps + 1, seconds
+def compares_with_isclose(directory, train_step, state_template, reference_losses):  # not bit for bit
+    latest = ocp.CheckpointManager(directory).latest_step()
+    return _verify_from(latest, _restore(directory, latest, state_template), train_step, reference_losses,
+                        equal=lambda a, b: np.isclose(a, b))
 
 
-def seconds_shifted_back(killed_at, committed_steps, step_seconds):  # steps r..k-1
-    resume = max([s for s in committed_steps if s <= killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[max(resume - 1, 0):killed_at - 1]))
+def zero_based_steps(directory, train_step, state_template, reference_losses):  # train_step(state, s − 1)
+    latest = ocp.CheckpointManager(directory).latest_step()
+    return _verify_from(latest, _restore(directory, latest, state_template), train_step, reference_losses,
+                        number=lambda s: max(s - 1, 1))
 
 
-def every_second_up_to_the_kill(killed_at, committed_steps, step_seconds):
-    steps, _ = lost_work(killed_at, committed_steps, step_seconds)
-    return steps, float(sum(step_seconds[:killed_at]))
+def reruns_the_checkpoint_step(directory, train_step, state_template, reference_losses):  # from s, not s + 1
+    latest = ocp.CheckpointManager(directory).latest_step()
+    return _verify_from(latest - 1, _restore(directory, latest, state_template), train_step,
+                        reference_losses)[0] + 1, None
 
 
-def returns_a_list(killed_at, committed_steps, step_seconds):
-    return list(lost_work(killed_at, committed_steps, step_seconds))
+def compares_the_last_loss_only(directory, train_step, state_template, reference_losses):
+    latest = ocp.CheckpointManager(directory).latest_step()
+    state, loss = _restore(directory, latest, state_template), None
+    for step in range(latest + 1, len(reference_losses) + 1):
+        state, loss = train_step(state, step)
+    return latest, (None if loss is None or loss == reference_losses[-1] else len(reference_losses))
 
 
-def sorts_in_place(killed_at, committed_steps, step_seconds):  # the caller's list changes
-    committed_steps.sort()
-    return lost_work(killed_at, committed_steps, step_seconds)
+def reports_the_zero_based_index(directory, train_step, state_template, reference_losses):
+    resumed, first = resume_and_verify(directory, train_step, state_template, reference_losses)
+    return resumed, None if first is None else first - 1
 
 
-def earliest_checkpoint(killed_at, committed_steps, step_seconds):
-    resume = min([s for s in committed_steps if s <= killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[resume:killed_at]))
+def reports_the_resume_step_on_any_difference(directory, train_step, state_template, reference_losses):
+    resumed, first = resume_and_verify(directory, train_step, state_template, reference_losses)
+    return resumed, None if first is None else resumed + 1
 
 
-def seconds_to_the_end(killed_at, committed_steps, step_seconds):  # steps after the kill counted too
-    resume = max([s for s in committed_steps if s <= killed_at], default=0)
-    return killed_at - resume, float(sum(step_seconds[resume:]))
+def misaligned_comparison(directory, train_step, state_template, reference_losses):  # resumed[i] vs ref[i]
+    latest = ocp.CheckpointManager(directory).latest_step()
+    state, resumed = _restore(directory, latest, state_template), []
+    for step in range(latest + 1, len(reference_losses) + 1):
+        state, loss = train_step(state, step)
+        resumed.append(loss)
+    first = next((i for i, (a, b) in enumerate(zip(resumed, reference_losses, strict=False)) if a != b), None)
+    return latest, None if first is None else latest + 1 + first
 
 
-def drops_unknown_ops(events, groups):
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        if name in groups:
-            totals[groups[name]] += duration
-    whole = sum(totals.values())
-    return {group: total / whole for group, total in totals.items()}
+def returns_a_bool(directory, train_step, state_template, reference_losses):  # "verified or not"
+    resumed, first = resume_and_verify(directory, train_step, state_template, reference_losses)
+    return resumed, first is None
 
 
-def omits_empty_groups(events, groups):
-    shares = time_shares(events, groups)
-    return {group: share for group, share in shares.items() if share > 0}
+def latest_by_text(directory, train_step, state_template, reference_losses):
+    steps = sorted(ocp.CheckpointManager(directory).all_steps(), key=str)  # as strings: "10" < "2"
+    latest = steps[-1]
+    return _verify_from(latest, _restore(directory, latest, state_template), train_step, reference_losses)
 
 
-def microseconds_not_shares(events, groups):
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        totals[groups.get(name, "data movement")] += duration
-    return totals
+def one_step_short(directory, train_step, state_template, reference_losses):  # range(s + 1, N): no last step
+    latest = ocp.CheckpointManager(directory).latest_step()
+    state = _restore(directory, latest, state_template)
+    return _verify_from(latest, state, train_step, reference_losses[:-1])
 
 
-def counts_events(events, groups):  # one per execution, whatever its duration
-    return time_shares([(name, 1.0) for name, _ in events], groups)
+def saves_what_it_resumed(directory, train_step, state_template, reference_losses):  # writes while verifying
+    result = resume_and_verify(directory, train_step, state_template, reference_losses)
+    with ocp.CheckpointManager(directory) as manager:
+        state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state_template))
+        manager.save(len(reference_losses) + 1, args=ocp.args.StandardSave(state))
+    return result
 
 
-def last_duration_per_op(events, groups):  # a dict keeps an op's last duration only
-    return time_shares(list(dict(events).items()), groups)
+# ---------------------------------------------------------------- planted wrong answers: 16.swap_report
 
 
-def unknown_ops_under_other(events, groups):
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        group = groups.get(name, "other")
-        totals[group] = totals.get(group, 0.0) + duration
-    whole = sum(totals.values())
-    return {group: total / whole for group, total in totals.items()}
+def _verdict_and_ratio(ours, theirs, rtol):
+    verdict, ratio, _ = swap_report("data", ours, theirs, rtol)
+    return verdict, ratio
 
 
-def key_error_on_unknown_ops(events, groups):
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        totals[groups[name]] += duration
-    whole = sum(totals.values())
-    return {group: total / whole for group, total in totals.items()}
+def fastest_step_ratio(component, ours, theirs, rtol):  # min, not the median
+    verdict, _, reason = swap_report(component, ours, theirs, rtol)
+    return verdict, float(min(theirs["step_seconds"][1:]) / min(ours["step_seconds"][1:])), reason
 
 
-def percentages(events, groups):
-    return {group: 100 * share for group, share in time_shares(events, groups).items()}
+def mean_step_ratio(component, ours, theirs, rtol):
+    verdict, _, reason = swap_report(component, ours, theirs, rtol)
+    ratio = statistics.mean(theirs["step_seconds"][1:]) / statistics.mean(ours["step_seconds"][1:])
+    return verdict, float(ratio), reason
 
 
-def mean_duration_shares(events, groups):  # each group's mean op time, normalised
-    sums, counts = dict.fromkeys(GROUPS, 0.0), dict.fromkeys(GROUPS, 0)
-    for name, duration in events:
-        group = groups.get(name, "data movement")
-        sums[group] += duration
-        counts[group] += 1
-    means = {group: sums[group] / counts[group] if counts[group] else 0.0 for group in GROUPS}
-    whole = sum(means.values())
-    return {group: mean / whole for group, mean in means.items()}
+def keeps_the_compiling_step(component, ours, theirs, rtol):
+    verdict, _, reason = swap_report(component, ours, theirs, rtol)
+    ratio = statistics.median(theirs["step_seconds"]) / statistics.median(ours["step_seconds"])
+    return verdict, float(ratio), reason
 
 
-def unknown_ops_in_the_total_only(events, groups):
-    whole = sum(duration for _, duration in events)
-    totals = dict.fromkeys(GROUPS, 0.0)
-    for name, duration in events:
-        if name in groups:
-            totals[groups[name]] += duration
-    return {group: total / whole for group, total in totals.items()}
+def any_reason_will_do(component, ours, theirs, rtol):  # free text that names nothing
+    verdict, ratio, _ = swap_report(component, ours, theirs, rtol)
+    return verdict, ratio, "the swap was checked"
 
 
-def absolute_tolerance(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    if all(abs(t - o) <= rtol for o, t in zip(ours, theirs, strict=True)):
-        return "within tolerance"
-    return "disagrees"
+def names_the_component_not_the_library(component, ours, theirs, rtol):
+    verdict, ratio, reason = swap_report(component, ours, theirs, rtol)
+    return verdict, ratio, reason.replace(REAL[component], component)
 
 
-def final_loss_only(ours, theirs, rtol):
-    if ours[-1] == theirs[-1]:
-        return "bitwise"
-    return "within tolerance" if abs(theirs[-1] - ours[-1]) <= rtol * abs(ours[-1]) else "disagrees"
+def zero_based_step_in_the_reason(component, ours, theirs, rtol):
+    verdict, ratio, reason = swap_report(component, ours, theirs, rtol)
+    first = _first_out(ours["losses"], theirs["losses"], rtol)
+    return verdict, ratio, reason if first is None else reason.replace(f"step {first}", f"step {first - 1}")
 
 
-def never_bitwise(ours, theirs, rtol):
-    agree = all(abs(t - o) <= rtol * abs(o) for o, t in zip(ours, theirs, strict=True))
-    return "within tolerance" if agree else "disagrees"
+def lists_every_failing_step(component, ours, theirs, rtol):  # names the answer among others
+    verdict, ratio, _ = swap_report(component, ours, theirs, rtol)
+    failing = [s for s in range(1, len(ours["losses"]) + 1)
+               if abs(theirs["losses"][s - 1] - ours["losses"][s - 1]) > rtol * abs(ours["losses"][s - 1])]
+    return verdict, ratio, f"{REAL[component]}: " + ", ".join(f"step {s}" for s in failing)
 
 
-def mean_relative_difference(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    mean = statistics.mean(abs(t - o) / abs(o) for o, t in zip(ours, theirs, strict=True))
-    return "within tolerance" if mean <= rtol else "disagrees"
+def allclose_verdict(component, ours, theirs, rtol):  # np.allclose adds atol=1e-8
+    _, ratio, reason = swap_report(component, ours, theirs, rtol)
+    if list(ours["losses"]) == list(theirs["losses"]):
+        return "bitwise", ratio, reason
+    ok = np.allclose(theirs["losses"], ours["losses"], rtol=rtol)
+    return ("within tolerance" if ok else "disagrees"), ratio, reason
 
 
-def most_steps_agree(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    agree = sum(abs(t - o) <= rtol * abs(o) for o, t in zip(ours, theirs, strict=True))
-    return "within tolerance" if agree > len(ours) / 2 else "disagrees"
+def mean_difference_verdict(component, ours, theirs, rtol):
+    _, ratio, reason = swap_report(component, ours, theirs, rtol)
+    if list(ours["losses"]) == list(theirs["losses"]):
+        return "bitwise", ratio, reason
+    mean = statistics.mean(abs(t - o) / abs(o) for o, t in zip(ours["losses"], theirs["losses"], strict=True))
+    return ("within tolerance" if mean <= rtol else "disagrees"), ratio, reason
 
 
-def any_step_agrees(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    if any(abs(t - o) <= rtol * abs(o) for o, t in zip(ours, theirs, strict=True)):
-        return "within tolerance"
-    return "disagrees"
+def bitwise_when_close(component, ours, theirs, rtol):  # "equal" as within 1e-12
+    verdict, ratio, reason = swap_report(component, ours, theirs, rtol)
+    close = all(abs(t - o) < 1e-12 for o, t in zip(ours["losses"], theirs["losses"], strict=True))
+    return ("bitwise" if close else verdict), ratio, reason
 
 
-def numpy_allclose(ours, theirs, rtol):  # np.allclose's default atol=1e-8 loosens the test
-    if list(ours) == list(theirs):
-        return "bitwise"
-    return "within tolerance" if np.allclose(theirs, ours, rtol=rtol) else "disagrees"
+def ratio_inverted(component, ours, theirs, rtol):
+    verdict, ratio, reason = swap_report(component, ours, theirs, rtol)
+    return verdict, 1.0 / ratio, reason
 
 
-def relative_to_theirs(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    if all(abs(t - o) <= rtol * abs(t) for o, t in zip(ours, theirs, strict=True)):
-        return "within tolerance"
-    return "disagrees"
+def relative_to_theirs(component, ours, theirs, rtol):
+    _, ratio, reason = swap_report(component, ours, theirs, rtol)
+    if list(ours["losses"]) == list(theirs["losses"]):
+        return "bitwise", ratio, reason
+    ok = all(abs(t - o) <= rtol * abs(t) for o, t in zip(ours["losses"], theirs["losses"], strict=True))
+    return ("within tolerance" if ok else "disagrees"), ratio, reason
 
 
-def strictly_below_the_tolerance(ours, theirs, rtol):  # < where the text says <=
-    if list(ours) == list(theirs):
-        return "bitwise"
-    if all(abs(t - o) < rtol * abs(o) for o, t in zip(ours, theirs, strict=True)):
-        return "within tolerance"
-    return "disagrees"
+# ------------------------------------------------------- planted wrong answers: 16.quantization_choice
 
 
-def bitwise_to_1e_12(ours, theirs, rtol):  # "equal" as close enough
-    if all(abs(t - o) < 1e-12 for o, t in zip(ours, theirs, strict=True)):
-        return "bitwise"
-    return swap_verdict(ours, theirs, rtol)
+def _choose(candidates, baseline, max_drop, *, size, typical=statistics.median, within=lambda d, m: d <= m):
+    acc = {name: typical(c["accuracy"]) for name, c in candidates.items()}
+    sizes = {name: size(c["params"]) for name, c in candidates.items()}
+    acceptable = [name for name in candidates if within(acc[baseline] - acc[name], max_drop)]
+    best = min(acceptable, key=lambda name: (sizes[name], -acc[name]))
+    return best, f"{best}: {sizes[best]} bytes"
 
 
-def worst_against_the_largest_loss(ours, theirs, rtol):
-    if list(ours) == list(theirs):
-        return "bitwise"
-    worst = max(abs(t - o) for o, t in zip(ours, theirs, strict=True))
-    return "within tolerance" if worst <= rtol * max(abs(o) for o in ours) else "disagrees"
+def every_leafs_nbytes(candidates, baseline, max_drop):  # jax.tree.leaves opens a QArray: int4 at a byte
+    return _choose(candidates, baseline, max_drop,
+                   size=lambda p: sum(leaf.nbytes for leaf in jax.tree.leaves(p)))
 
 
-def ours_over_theirs(ours_seconds, theirs_seconds):
-    return float(statistics.median(ours_seconds[1:]) / statistics.median(theirs_seconds[1:]))
+def values_only(candidates, baseline, max_drop):  # a QArray's qvalue, without its scales
+    return _choose(candidates, baseline, max_drop, size=lambda p: sum(
+        (leaf.qvalue.size * (4 if "int4" in str(leaf.qvalue.dtype) else 8) // 8) if isinstance(leaf, QArray)
+        else leaf.nbytes for leaf in jax.tree.leaves(p, is_leaf=lambda x: isinstance(x, QArray))))
 
 
-def keeps_the_compiling_step(ours_seconds, theirs_seconds):
-    return float(statistics.median(theirs_seconds) / statistics.median(ours_seconds))
+def best_run(candidates, baseline, max_drop):
+    return _choose(candidates, baseline, max_drop, size=weight_bytes, typical=max)
 
 
-def mean_not_median(ours_seconds, theirs_seconds):
-    return float(statistics.mean(theirs_seconds[1:]) / statistics.mean(ours_seconds[1:]))
+def mean_run(candidates, baseline, max_drop):
+    return _choose(candidates, baseline, max_drop, size=weight_bytes, typical=statistics.mean)
 
 
-def upper_middle(ours_seconds, theirs_seconds):  # sorted(x)[n // 2]: not the median of an even count
-    def middle(x):
-        return sorted(x)[len(x) // 2]
-    return float(middle(theirs_seconds[1:]) / middle(ours_seconds[1:]))
+def first_run(candidates, baseline, max_drop):
+    return _choose(candidates, baseline, max_drop, size=weight_bytes, typical=lambda runs: runs[0])
 
 
-def fastest_steps(ours_seconds, theirs_seconds):
-    return float(min(theirs_seconds[1:]) / min(ours_seconds[1:]))
+def strictly_within(candidates, baseline, max_drop):  # < where the statement says at most
+    return _choose(candidates, baseline, max_drop, size=weight_bytes, within=lambda d, m: d < m)
 
 
-def drops_the_first_and_last(ours_seconds, theirs_seconds):
-    return float(statistics.median(theirs_seconds[1:-1]) / statistics.median(ours_seconds[1:-1]))
+def most_accurate(candidates, baseline, max_drop):  # ignores bytes
+    acc = {name: statistics.median(c["accuracy"]) for name, c in candidates.items()}
+    best = max(acc, key=acc.get)
+    return best, f"{best}: {weight_bytes(candidates[best]['params'])} bytes"
 
 
-def median_of_step_ratios(ours_seconds, theirs_seconds):  # pairs up steps of two unrelated runs
-    ratios = [t / o for o, t in zip(ours_seconds[1:], theirs_seconds[1:], strict=True)]
-    return float(statistics.median(ratios))
+def sorts_in_place(candidates, baseline, max_drop):  # the median by sorting the caller's list
+    for c in candidates.values():
+        c["accuracy"].sort()
+    return quantization_choice(candidates, baseline, max_drop)
 
 
-def numpy_array(ours_seconds, theirs_seconds):  # a 0-d array, not a float
-    return np.asarray(step_time_ratio(ours_seconds, theirs_seconds))
+def reason_without_bytes(candidates, baseline, max_drop):  # free text that names the choice only
+    best, _ = quantization_choice(candidates, baseline, max_drop)
+    return best, f"{best} is the smallest within budget"
 
 
-def drops_the_slowest_step(ours_seconds, theirs_seconds):  # the slowest, not the first
-    theirs, ours = sorted(theirs_seconds)[:-1], sorted(ours_seconds)[:-1]
-    return float(statistics.median(theirs) / statistics.median(ours))
+def reason_in_kilobytes(candidates, baseline, max_drop):
+    best, _ = quantization_choice(candidates, baseline, max_drop)
+    return best, f"{best}: {weight_bytes(candidates[best]['params']) / 1024:.1f} KiB"
 
 
-# (exercise, planted wrong answer, points it should still get, why)
+def itemsize_of_the_scale(candidates, baseline, max_drop):  # a QArray's size × its dtype (the scale's)
+    return _choose(candidates, baseline, max_drop, size=lambda p: sum(
+        leaf.qvalue.size * leaf.dtype.itemsize if isinstance(leaf, QArray) else leaf.nbytes
+        for leaf in jax.tree.leaves(p, is_leaf=lambda x: isinstance(x, QArray))))
+
+
+# (exercise, planted wrong answer, points it keeps, why)
 WRONG = [
-    ("16.lost_work", resumes_from_the_last_listed, 12, "the last listed checkpoint, not the latest"),
-    ("16.lost_work", seconds_off_by_one, 9, "the seconds of steps r+2..k+1"),
-    ("16.lost_work", needs_a_checkpoint, 11, "raises when no checkpoint was committed"),
-    ("16.lost_work", resumes_from_a_later_checkpoint, 12, "resumes from a checkpoint written after the kill"),
-    ("16.lost_work", strictly_before_the_kill, 12, "a checkpoint at the killed step not used"),
-    ("16.lost_work", counts_the_checkpoint_step, 5, "the checkpoint's own step counted as redone"),
-    ("16.lost_work", seconds_shifted_back, 8, "the seconds of steps r..k-1"),
-    ("16.lost_work", every_second_up_to_the_kill, 7, "every step's seconds up to the kill"),
-    ("16.lost_work", returns_a_list, 0, "a list, not a tuple"),
-    ("16.lost_work", sorts_in_place, 10, "sorts the caller's list"),
-    ("16.lost_work", earliest_checkpoint, 4, "the earliest checkpoint, not the latest"),
-    ("16.lost_work", seconds_to_the_end, 10, "the seconds of every step after the checkpoint"),
-    ("16.time_shares", drops_unknown_ops, 4, "ops missing from groups are dropped"),
-    ("16.time_shares", omits_empty_groups, 3, "groups with no time are left out"),
-    ("16.time_shares", microseconds_not_shares, 0, "microseconds instead of shares"),
-    ("16.time_shares", counts_events, 0, "events counted, not their time"),
-    ("16.time_shares", last_duration_per_op, 4, "each op's last duration only"),
-    ("16.time_shares", unknown_ops_under_other, 4, "unknown ops under a fifth group"),
-    ("16.time_shares", key_error_on_unknown_ops, 4, "KeyError on an op missing from groups"),
-    ("16.time_shares", percentages, 0, "percentages, not shares"),
-    ("16.time_shares", mean_duration_shares, 4, "each group's mean op time"),
-    ("16.time_shares", unknown_ops_in_the_total_only, 4, "unknown ops in the total but no group"),
-    ("16.swap_verdict", absolute_tolerance, 8, "an absolute tolerance"),
-    ("16.swap_verdict", final_loss_only, 3, "compares the final loss only"),
-    ("16.swap_verdict", never_bitwise, 11, "never says bitwise"),
-    ("16.swap_verdict", mean_relative_difference, 10, "the mean relative difference"),
-    ("16.swap_verdict", most_steps_agree, 8, "most steps agree"),
-    ("16.swap_verdict", any_step_agrees, 7, "any step agrees"),
-    ("16.swap_verdict", numpy_allclose, 11, "np.allclose with its default atol"),
-    ("16.swap_verdict", relative_to_theirs, 11, "relative to theirs, not ours"),
-    ("16.swap_verdict", strictly_below_the_tolerance, 11, "< where the text says <="),
-    ("16.swap_verdict", bitwise_to_1e_12, 10, "bitwise when within 1e-12"),
-    ("16.swap_verdict", worst_against_the_largest_loss, 10, "the worst step against the largest loss"),
-    ("16.step_time_ratio", ours_over_theirs, 0, "the ratio inverted"),
-    ("16.step_time_ratio", keeps_the_compiling_step, 2, "the compiling first step kept"),
-    ("16.step_time_ratio", mean_not_median, 7, "the mean instead of the median"),
-    ("16.step_time_ratio", upper_middle, 8, "the upper middle of an even count"),
-    ("16.step_time_ratio", fastest_steps, 4, "the fastest step instead of the median"),
-    ("16.step_time_ratio", drops_the_first_and_last, 3, "the last step dropped too"),
-    ("16.step_time_ratio", median_of_step_ratios, 8, "the median of step-by-step ratios"),
-    ("16.step_time_ratio", numpy_array, 0, "a NumPy array, not a float"),
-    ("16.step_time_ratio", drops_the_slowest_step, 8, "the slowest step dropped, not the first"),
+    ("16.resume_and_verify", resumes_from_the_first_checkpoint, 3, "resumes from the first checkpoint"),
+    ("16.resume_and_verify", compares_with_isclose, 6, "np.isclose, not =="),
+    ("16.resume_and_verify", zero_based_steps, 4, "train_step given 0-based steps"),
+    ("16.resume_and_verify", reruns_the_checkpoint_step, 6, "never verifies"),
+    ("16.resume_and_verify", compares_the_last_loss_only, 6, "the last loss only"),
+    ("16.resume_and_verify", reports_the_zero_based_index, 6, "the first differing index, 0-based"),
+    ("16.resume_and_verify", reports_the_resume_step_on_any_difference, 9, "s + 1 whenever anything differs"),
+    ("16.resume_and_verify", misaligned_comparison, 4, "resumed losses compared from the list's start"),
+    ("16.resume_and_verify", returns_a_bool, 0, "a bool, not the step"),
+    ("16.resume_and_verify", latest_by_text, 9, "the latest step by string order"),
+    ("16.resume_and_verify", one_step_short, 9, "the last step left out"),
+    ("16.resume_and_verify", saves_what_it_resumed, 0, "saves into the folder it verifies"),
+    ("16.swap_report", fastest_step_ratio, 9, "the fastest step, not the median"),
+    ("16.swap_report", mean_step_ratio, 12, "the mean step time"),
+    ("16.swap_report", keeps_the_compiling_step, 11, "the compiling first step kept"),
+    ("16.swap_report", any_reason_will_do, 10, "a reason that names nothing"),
+    ("16.swap_report", names_the_component_not_the_library, 10, "names the component, not the library"),
+    ("16.swap_report", zero_based_step_in_the_reason, 12, "the first failing step 0-based"),
+    ("16.swap_report", lists_every_failing_step, 12, "lists every failing step"),
+    ("16.swap_report", allclose_verdict, 12, "np.allclose's atol"),
+    ("16.swap_report", mean_difference_verdict, 12, "the mean relative difference"),
+    ("16.swap_report", bitwise_when_close, 13, "bitwise when within 1e-12"),
+    ("16.swap_report", ratio_inverted, 9, "ours over theirs"),
+    ("16.swap_report", relative_to_theirs, 12, "relative to theirs"),
+    ("16.quantization_choice", every_leafs_nbytes, 3, "int4 counted a byte per value"),
+    ("16.quantization_choice", values_only, 5, "scales not counted"),
+    ("16.quantization_choice", best_run, 9, "each candidate's best run"),
+    ("16.quantization_choice", mean_run, 9, "the mean run"),
+    ("16.quantization_choice", first_run, 9, "the first run"),
+    ("16.quantization_choice", strictly_within, 7, "< where the statement says at most"),
+    ("16.quantization_choice", most_accurate, 1, "the most accurate, whatever its bytes"),
+    ("16.quantization_choice", sorts_in_place, 3, "sorts the caller's accuracy lists"),
+    ("16.quantization_choice", reason_without_bytes, 9, "a reason without the bytes"),
+    ("16.quantization_choice", reason_in_kilobytes, 9, "the size in KiB"),
+    ("16.quantization_choice", itemsize_of_the_scale, 1, "a QArray counted at its scale's itemsize"),
 ]
 
 

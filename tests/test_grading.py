@@ -21,6 +21,16 @@ from stacklib.grading import (
     grade,
     numerical_gradient,
 )
+from stacklib.grading.expect import (
+    expect_instance,
+    expect_mentions,
+    expect_same_across_processes,
+    expect_same_sequence,
+    expect_sharding,
+    first_difference,
+    forbidding,
+    seeded_permutation,
+)
 from stacklib.grading.instructor import grade_folder, write_score_tables
 from stacklib.grading.report import GRADE_METADATA_KEY, format_html, format_text
 from stacklib.grading.runner import ERROR, FAILED, NOT_IMPLEMENTED, PASSED, SKIPPED, TIMED_OUT
@@ -539,3 +549,132 @@ def test_a_mismatch_with_infinities_is_reported_without_a_numpy_warning():
             expect_close(np.array([-np.inf, 1.0]), np.array([-np.inf, 2.0]), what="the row")
         with pytest.raises(CaseFailure, match="expected -inf, got inf"):
             expect_close(np.array([np.inf, 1.0]), np.array([-np.inf, 1.0]), what="the row")
+
+
+# --- feedback that teaches without handing over the answer -----------------------------------
+
+
+def test_an_exact_mismatch_names_the_first_differing_element_not_the_whole_array():
+    expected = np.zeros(1000, dtype=bool)
+    got = expected.copy()
+    got[[7, 900]] = True
+    with pytest.raises(CaseFailure) as failure:
+        expect_equal(got, expected, what="the mask")
+    message = str(failure.value)
+    assert "2 of 1000 values differ" in message and "first at [7]: expected False, got True" in message
+    assert len(message) < 200
+
+
+def test_a_mismatch_of_names_shows_one_element():
+    with pytest.raises(CaseFailure, match=r"1 of 3 values differ .*first at \[1\]: expected 'b', got 'x'"):
+        expect_close(np.array(["a", "x", "c"]), np.array(["a", "b", "c"]))
+
+
+def test_a_sequence_mismatch_names_the_first_differing_position_only():
+    expected = [(0, "F"), (1, "F"), (2, "B")]
+    difference = r"the schedule: at position 1: expected \(1, 'F'\), got \(1, 'B'\)$"
+    with pytest.raises(CaseFailure, match=difference):
+        expect_same_sequence([(0, "F"), (1, "B"), (2, "B")], expected, what="the schedule")
+    with pytest.raises(CaseFailure, match=r"2 items, expected 3: the next one should be \(2, 'B'\)"):
+        expect_same_sequence(expected[:2], expected, what="the schedule")
+    assert first_difference([1, 2, 3], [1, 2, 3]) == ""
+
+
+def test_a_reason_must_name_what_the_statement_says_it_names():
+    expect_mentions("the median of 5 runs was lowest", [("median", "typical")])
+    with pytest.raises(CaseFailure, match="does not name 'median' or 'typical'"):
+        expect_mentions("it was faster", [("median", "typical")])
+    with pytest.raises(CaseFailure, match="a non-empty str"):
+        expect_mentions("  ", ["median"])
+
+
+def test_the_required_library_is_checked_with_the_statements_reason():
+    expect_instance(np.ones(2), np.ndarray, why="the statement asks for NumPy")
+    with pytest.raises(CaseFailure, match=r"is a builtins.list, expected a ndarray: the statement asks"):
+        expect_instance([1.0], np.ndarray, why="the statement asks for NumPy")
+
+
+def test_a_key_built_from_hash_of_a_string_is_caught_and_a_content_key_is_not():
+    import hashlib
+
+    with pytest.raises(CaseFailure, match="changes from one Python process to the next"):
+        expect_same_across_processes(lambda name, shape: hash((name, shape)), "matmul", (2, 3))
+    with pytest.raises(CaseFailure, match="changes from one Python process"):
+        expect_same_across_processes(lambda name: f"{hash(name) % 1000}", "matmul")
+    key = expect_same_across_processes(lambda name: hashlib.sha256(name.encode()).hexdigest(), "matmul")
+    assert key == hashlib.sha256(b"matmul").hexdigest() and hash("x") == hash("x")  # hash is restored
+
+
+def test_a_seeded_permutation_is_neither_a_reversal_nor_a_rotation():
+    order = seeded_permutation(64, seed=3)
+    assert sorted(order) == list(range(64)) and list(order) != list(range(63, -1, -1))
+    assert list(order) == list(seeded_permutation(64, seed=3))
+
+
+def test_a_tuple_of_per_device_values_is_named_as_such():
+    import jax
+
+    per_device = tuple(jax.device_put(np.ones(2), device) for device in jax.devices()[:4])
+    named = r"tuple of length 4 of 4 arrays of shape \(2,\) on 4 devices: one value per device"
+    with pytest.raises(CaseFailure, match=named):
+        expect_close(per_device, np.ones(2), what="the loss")
+    with pytest.raises(CaseFailure, match="one value per device"):
+        expect_sharding(list(per_device), None, what="the loss")
+    with pytest.raises(CaseFailure, match="where one array was expected: stack them"):
+        expect_close([np.ones(2)] * 3, np.ones((3, 2)), what="the batch")
+
+
+def test_a_forbidden_library_function_is_caught_however_it_was_imported():
+    from numpy import median as imported_by_name
+
+    with forbidding(np.median, why="compute the median yourself"):
+        np.sort(np.ones(3))
+    with pytest.raises(CaseFailure, match=r"your code calls numpy.median: compute the median yourself"):
+        with forbidding(np.median, why="compute the median yourself"):
+            imported_by_name(np.ones(3))
+    assert sys.getprofile() is None
+
+
+hinted = Exercise("97.hinted", "Square a number, with hints keyed to the failing condition")
+
+
+@hinted.case(hint="the case's hint")
+def squares_with_hints_per_condition(fn):
+    got = fn(3.0)
+    expect(got != 6.0, f"expected 9, got {got}", hint="You doubled x: square it (x * x).")
+    expect(got != -9.0, f"expected 9, got {got}", hint="")
+    expect_close(got, 9.0)
+
+
+@hinted.case(hint="the second case's hint")
+def uses_what_the_answer_returns(fn):
+    result = fn(np.arange(3.0))
+    if isinstance(result, tuple):
+        raise ValueError("shard_map applied to the function 'f' was given out_specs which require "
+                         "replication which can't be statically inferred given the mesh:\n\n"
+                         "consider passing check_vma=False")
+    len(result)
+
+
+def test_a_hint_names_the_mistake_of_the_failing_condition_or_is_not_shown():
+    doubled = grade("97.hinted", lambda x: x + x).cases[0].message
+    assert doubled.endswith("Hint: You doubled x: square it (x * x).")
+    assert "Hint" not in grade("97.hinted", lambda x: -x * x).cases[0].message
+    assert grade("97.hinted", lambda x: x * x + 1).cases[0].message.endswith("Hint: the case's hint")
+
+
+def test_an_error_from_jax_shows_the_learners_line_and_a_hint_not_jaxs_advice():
+    import jax
+
+    def uses_numpy_under_jit(x):
+        return jax.jit(lambda v: np.asarray(v) * v)(x)
+
+    message = grade("97.hinted", uses_numpy_under_jit).cases[0].message
+    assert message.startswith("TracerArrayConversionError:") and "in <lambda>, line" in message
+    assert "See https" not in message and "use the jax.numpy function" in message
+
+
+def test_a_value_not_reduced_over_devices_is_named_not_jaxs_flag_advice():
+    message = grade("97.hinted", lambda x: (x * x, x * x) if np.ndim(x) else x * x).cases[1].message
+    assert "differs from device to device" in message and "jax.lax.psum" in message
+    assert "check_vma" not in message

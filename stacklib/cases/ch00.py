@@ -15,7 +15,12 @@ count_params = Exercise("00.count_params", "Count the numbers in a pytree of arr
 
 
 def _is_whole_number(value) -> bool:
-    """An int, or a NumPy/JAX integer scalar; not a float that happens to be whole, not a bool."""
+    """An int, or a NumPy/JAX integer scalar; not a float that happens to be whole, not a bool.
+
+    The statement asks for an `int`; an `np.int64` (what `np.sum` of sizes returns) is accepted
+    on purpose: it compares, adds and prints as an int, and the mistake worth catching is a
+    float count (`np.prod(())` is 1.0), which is rejected.
+    """
     if isinstance(value, bool):
         return False
     if isinstance(value, int | np.integer):

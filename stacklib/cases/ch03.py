@@ -7,6 +7,8 @@ copies of the trees they are given (`call_on_copies`): an update that writes int
 caller's dict of gradients is told so.
 """
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,11 +27,26 @@ def _state_paths(tree):
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+# The exercises are to write these transformations: one that hands back the library's own
+# (optax's, or stacklib.optim's, which mirrors it) learns nothing and earns nothing.
+_LIBRARIES = ("optax", "stacklib.optim")
+
+
+def _expect_written_here(function, what: str) -> None:
+    module = getattr(inspect.unwrap(getattr(function, "func", function)), "__module__", None) or ""
+    expect(not module.startswith(_LIBRARIES),
+           f"{what} is {module}'s own: the exercise is to write it, with jax.numpy and jax.tree.map",
+           hint="")
+
+
 def _init(tx, params):
+    _expect_written_here(tx.init, "init")
+    _expect_written_here(tx.update, "update")
     return call_on_copies(tx.init, params, what="init")
 
 
 def _update(tx, updates, state, params=None, *, jit=False):
+    _expect_written_here(tx.update, "update")
     update = jax.jit(tx.update) if jit else tx.update
     if params is None:
         return call_on_copies(update, updates, state, what="update")
@@ -104,6 +121,7 @@ warmup_cosine = Exercise("03.warmup_cosine", "A warm-up-cosine learning-rate sch
 @warmup_cosine.case(hint="init_value at step 0, peak_value at warmup_steps, end_value from decay_steps on.")
 def hits_the_landmarks(make_schedule):
     schedule = make_schedule(0.0, 1.0, 10, 100, 0.1)
+    _expect_written_here(schedule, "the schedule")
     got = [float(schedule(step)) for step in (0, 5, 10, 100, 150)]
     expect_close(got, [0.0, 0.5, 1.0, 0.1, 0.1], rtol=1e-5, atol=1e-6,
                  what="values at steps 0, 5, 10, 100, 150")
@@ -115,6 +133,7 @@ def hits_the_landmarks(make_schedule):
 def matches_optax_at_every_step(make_schedule):
     for args in [(0.0, 1.0, 10, 100, 0.1), (1e-4, 3e-3, 50, 300, 0.0)]:
         schedule, reference = make_schedule(*args), optax.warmup_cosine_decay_schedule(*args)
+        _expect_written_here(schedule, "the schedule")
         steps = np.arange(0, args[3] + 20)
         got = np.array([float(schedule(int(step))) for step in steps])
         expected = np.array([float(reference(int(step))) for step in steps])
@@ -126,6 +145,7 @@ def matches_optax_at_every_step(make_schedule):
                                    "this one runs the same kind of input under jit.)")
 def works_on_traced_step_counts(make_schedule):
     schedule = make_schedule(0.0, 1.0, 10, 100, 0.1)
+    _expect_written_here(schedule, "the schedule")
     got = jax.jit(jax.vmap(schedule))(jnp.arange(120))
     expect_close(got, jax.vmap(optax.warmup_cosine_decay_schedule(0.0, 1.0, 10, 100, 0.1))(jnp.arange(120)),
                  rtol=1e-5, atol=1e-7, what="the schedule on jnp.arange(120) under jit(vmap)")
@@ -208,6 +228,15 @@ def starts_over_after_each_step(accumulate_gradients):
         updates, state = _update(tx, jnp.array(grad), state, params)
         emitted.append(float(updates))
     expect_close(emitted, [0.0, -2.0, 0.0, -15.0], rtol=1e-6, what="four updates with k=2")
+    # k = 1, the edge where every call is the k-th: no call returns zeros.
+    tx = accumulate_gradients(ours.sgd(1.0), 1)
+    state = _init(tx, params)
+    emitted = []
+    for grad in [1.0, 3.0]:
+        updates, state = _update(tx, jnp.array(grad), state, params)
+        emitted.append(float(updates))
+    expect_close(emitted, [-1.0, -3.0], rtol=1e-6, what="two updates with k=1",
+                 hint="With k = 1 every call is the k-th: each one steps with its own gradient.")
 
 
 @accumulate.case(points=2, hint="The inner optimizer must see only the mean gradient, once per k calls, with "

@@ -13,7 +13,7 @@ import operator
 import numpy as np
 
 import stacklib.data as sd
-from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_equal
+from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_equal, expect_same_sequence
 
 # 04.index_shuffle -----------------------------------------------------------------------
 
@@ -204,7 +204,7 @@ def iterates_batches_skipping_nones(BatchIterator):
         dataset = _given(_WITH_HOLES)
         got = [list(b) for b in BatchIterator(dataset, batch_size)]
         _expect_unchanged(dataset, _WITH_HOLES)
-        expect(got == expected, f"batch size {batch_size}: expected {expected}, got {got}")
+        expect_same_sequence(got, expected, what=f"batch size {batch_size}: the batches")
 
 
 @iterator_state.case(points=2, hint="Store the index of the next element to read (not the number of batches: "
@@ -221,9 +221,9 @@ def a_restored_iterator_continues_exactly_at_every_step(BatchIterator):
             rest = [list(b) for b in fresh]
             _expect_unchanged(dataset, _WITH_HOLES)
             _expect_unchanged(fresh_dataset, _WITH_HOLES)
-            expect(rest == expected[consumed:],
-                   f"batch size {batch_size}, restored after {consumed} batches: expected "
-                   f"{expected[consumed:]}, got {rest}")
+            expect_same_sequence(rest, expected[consumed:],
+                                 what=f"batch size {batch_size}, restored after {consumed} batches: "
+                                      "the batches that follow")
             if consumed < len(expected):
                 next(iterator)
 
@@ -299,7 +299,7 @@ def set_state_rewinds_a_running_iterator_as_often_as_asked(BatchIterator):
     for attempt in ("after set_state", "after a second set_state from the same dict"):
         iterator.set_state(state)
         got = list(next(iterator))
-        expect(got == _EXPECTED[1], f"{attempt}, expected {_EXPECTED[1]}, got {got}")
+        expect_same_sequence(got, _EXPECTED[1], what=f"{attempt}, the next batch")
     _expect_unchanged(dataset, _WITH_HOLES)
 
 
@@ -335,14 +335,16 @@ def shards_are_disjoint_and_complete(split):
 def shard_sizes_differ_by_at_most_one_larger_first(split):
     for n, count, expected in ((11, 4, [3, 3, 3, 2]), (5, 4, [2, 1, 1, 1]), (9, 6, [2, 2, 2, 1, 1, 1])):
         sizes = [stop - start for start, stop in _splits(split, n, count)]
-        expect(sizes == expected, f"{n} records on {count} shards: expected sizes {expected}, got {sizes}")
+        expect_same_sequence(sizes, expected, what=f"{n} records on {count} shards: the sizes of the shards",
+                             describe=str)
 
 
 @even_split_exercise.case(hint="drop_remainder=True: every shard gets n // count records; "
                                "the rest is unused.")
 def drop_remainder_makes_equal_shards(split):
     got = _splits(split, 11, 4, True)
-    expect(got == [(0, 2), (2, 4), (4, 6), (6, 8)], f"expected [(0, 2), (2, 4), (4, 6), (6, 8)], got {got}")
+    expect_same_sequence(got, [(0, 2), (2, 4), (4, 6), (6, 8)],
+                         what="11 records on 4 shards, drop_remainder=True: the shards")
 
 
 @even_split_exercise.case(hint="Work small cases by hand: 5 records on 3 shards are (0, 2), (2, 4), (4, 5).")
@@ -352,5 +354,5 @@ def matches_grain_everywhere(split):
             for drop in (False, True):
                 expected = [even_split_reference(n, i, count, drop) for i in range(count)]
                 got = _splits(split, n, count, drop)
-                expect(got == expected, f"n={n}, count={count}, drop_remainder={drop}: expected {expected}, "
-                                        f"got {got}")
+                expect_same_sequence(got, expected, what=f"n={n}, count={count}, drop_remainder={drop}: the "
+                                                         "shards (start, stop)")

@@ -14,7 +14,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stacklib.checkpoint import multitier, retention
-from stacklib.grading import Exercise, call_on_copies, expect, expect_equal
+from stacklib.grading import (
+    Exercise,
+    call_on_copies,
+    expect,
+    expect_equal,
+    expect_same_sequence,
+    seeded_permutation,
+)
 
 # 05.atomic_write ------------------------------------------------------------------------
 
@@ -192,8 +199,20 @@ def _expect_kept(keep, steps, metrics, **options):
     elif options.get("best_fn") and got == retention.steps_to_keep(
             steps, metrics, **{**options, "best_mode": {"min": "max", "max": "min"}[options["best_mode"]]}):
         diagnosis = ": that is what the other best_mode keeps"
-    expect(False, f"steps {list(steps)}, metrics {list(metrics)}, {shown}: expected to keep {expected}, "
-                  f"got {got}{diagnosis}")
+    situation = (f"steps {list(steps)}, metrics {list(metrics)}, {shown}" if len(steps) <= 8 else
+                 f"{len(steps)} steps ({steps[0]} to {steps[-1]}), {shown}")
+    expect(False, f"{situation}: {_first_wrong_step(got, expected)}{diagnosis}")
+
+
+def _first_wrong_step(got: list, expected: list) -> str:
+    """One step kept that should not be, or one missing: the smallest difference, not the answer."""
+    extra = [step for step in got if step not in expected]
+    missing = [step for step in expected if step not in got]
+    if extra:
+        return f"{len(got)} steps kept; step {extra[0]!r} should not be among them"
+    if missing:
+        return f"{len(got)} steps kept, expected {len(expected)}; step {missing[0]!r} is missing"
+    return f"the right steps, but not once each in ascending order: got {got}"
 
 
 @keep_n.case(hint=f"Without best_fn the newest steps are kept; None keeps all. See {_KEEP}.")
@@ -212,11 +231,22 @@ def keeps_the_best_n_in_both_modes(keep):
         _expect_kept(keep, steps, metrics, max_to_keep=2, best_fn=_loss, best_mode=mode)
 
 
-@keep_n.case(hint="On ties the later step wins; the exercise says how to get that from a stable sort.")
+# Ties at a realistic size (in ties_go_to_the_later_step): 48 steps whose metrics take 3 values.
+# NumPy's default argsort is not stable at this size (nor, with its SIMD sorts, always at 5), so
+# the step a tie keeps shows whether the sort was stable; a case of 5 steps can pass by chance.
+_MANY_STEPS = list(range(0, 480, 10))
+_MANY_LOSSES = [{"loss": float(v) / 10} for v in np.random.default_rng(5).integers(1, 4, size=48)]
+
+
+@keep_n.case(hint="On ties the later step wins, at any size: the exercise says how to get that from a "
+                  "stable sort (sorted, or np.argsort(..., kind='stable'); np.argsort's default kind is not "
+                  "stable).")
 def ties_go_to_the_later_step(keep):
     for mode, losses in (("min", (0.3, 0.5, 0.3, 0.5, 0.3)), ("max", (0.5, 0.3, 0.5, 0.3, 0.5))):
         metrics = [{"loss": v} for v in losses]  # three steps tie for best; two are kept
         _expect_kept(keep, [10, 20, 30, 40, 50], metrics, max_to_keep=2, best_fn=_loss, best_mode=mode)
+    for mode in ("min", "max"):
+        _expect_kept(keep, _MANY_STEPS, _MANY_LOSSES, max_to_keep=5, best_fn=_loss, best_mode=mode)
 
 
 @keep_n.case(hint="Steps saved without metrics (None) do not count towards max_to_keep, and are kept "
@@ -541,13 +571,29 @@ def _expect_choice(choose, local_steps, persistent_steps, damaged=()):
     situation = f"local tier {list(local_steps)}, persistent tier {list(persistent_steps)}"
     if damaged:
         situation += f", damaged copies {sorted(damaged, key=lambda copy: (copy[1], copy[0]))}"
-    diagnosis = ""
-    if got in {(step, tier) for tier, step in damaged}:
-        diagnosis = ": that copy is damaged (is_intact said False)"
-    elif expected and isinstance(got, tuple) and got[0] == expected[0]:
-        diagnosis = ": the right step, from the other tier"
-    expect(got == expected, f"{situation}: expected {expected}, got {got!r}{diagnosis}")
+    if got != expected:
+        wrong = _what_is_wrong(got, expected, local_steps, persistent_steps, damaged)
+        expect(False, f"{situation}: got {got!r}: {wrong}")
     return is_intact
+
+
+def _what_is_wrong(got, expected, local_steps, persistent_steps, damaged) -> str:
+    """Why `got` is not the copy to restore, without naming the copy that is."""
+    held = {"local": set(local_steps), "persistent": set(persistent_steps)}
+    if expected is None:
+        return "no copy is intact (or there is none): expected None"
+    if not (isinstance(got, tuple) and len(got) == 2 and got[1] in held):
+        return "expected a tuple (step, tier), tier 'local' or 'persistent', or None"
+    step, tier = got
+    if step not in held[tier]:
+        return f"the {tier} tier holds no step {step!r}"
+    if (tier, step) in set(damaged):
+        return "that copy is damaged (is_intact said False)"
+    if step == expected[0]:
+        return "the right step, from the other tier"
+    if step < expected[0]:
+        return "a newer step has an intact copy"
+    return "the newest intact copy is of an older step"
 
 
 @choose_restore.case(points=2, hint=f"Compare the steps of both tiers: the newest step loses the least "
@@ -588,11 +634,16 @@ def checks_the_newest_copy_first_and_stops_at_the_first_intact_one(choose):
     damaged = {("local", 14), ("local", 12)}
     is_intact = _expect_choice(choose, [10, 12, 14], [6, 12], damaged=damaged)
     expected = [("local", 14), ("local", 12), ("persistent", 12)]
-    expect(is_intact.calls == expected, f"is_intact was called for {is_intact.calls}; expected exactly "
-                                        f"{expected}")
+    expect_same_sequence(is_intact.calls, expected, what="the copies is_intact was asked about, in order")
 
 
 @choose_restore.case(hint="The step lists come from listing directories: they may be in any order.")
 def step_lists_in_any_order_are_handled(choose):
     _expect_choice(choose, [14, 10, 12], [12, 6])
     _expect_choice(choose, [8, 20, 14], [], damaged={("local", 20)})
+    # Seeded shuffles of longer lists: no fixed order (a reversal, a rotation) passes by chance.
+    local, persistent = [10 * i for i in range(3, 15)], [10 * i for i in range(0, 16, 3)]
+    for seed in (1, 2):
+        local = [local[i] for i in seeded_permutation(len(local), seed)]
+        persistent = [persistent[i] for i in seeded_permutation(len(persistent), seed + 10)]
+        _expect_choice(choose, local, persistent, damaged={("persistent", 150), ("local", 140)})

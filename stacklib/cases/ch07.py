@@ -6,6 +6,8 @@ devices in its first cells (`stacklib.hw.simulate_cpu_devices(8)`).
 """
 
 import functools
+import inspect
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from stacklib import parallel
-from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_close
+from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_close, forbidding
 
 
 def _mesh(num_devices: int, axis: str):
@@ -25,6 +27,40 @@ def _mesh(num_devices: int, axis: str):
         expect(False, f"this case needs {num_devices} devices and JAX has {jax.device_count()}: run "
                       "stacklib.hw.simulate_cpu_devices(8) at the top of the notebook, before any "
                       "other JAX operation, then restart and run all")
+
+
+# Which checks an answer passed in this exercise's earlier cases, so that a later case's hint can
+# name the mistake: "Nothing may depend on there being 4 devices" only helps an answer that is
+# right on 4 devices; one that is wrong everywhere was already told why by the first case.
+_PASSED: "weakref.WeakKeyDictionary[object, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _remembering(answer, check: str, run) -> None:
+    """Run `run()`; remember whether `answer` passed `check`."""
+    try:
+        run()
+    except CaseFailure:
+        _remember(answer, check, False)
+        raise
+    _remember(answer, check, True)
+
+
+def _remember(answer, check: str, passed: bool) -> None:
+    try:
+        checks = _PASSED.setdefault(inspect.unwrap(answer), set())
+    except TypeError:  # not weakly referenceable: nothing remembered, the generic hint is shown
+        return
+    (checks.add if passed else checks.discard)(check)
+    checks.add(f"ran {check}")
+
+
+def _hint_if_passed(answer, check: str, hint: str) -> str:
+    """`hint` if `answer` passed `check` (or it was not run), else none: the earlier failure said why."""
+    try:
+        checks = _PASSED.get(inspect.unwrap(answer), set())
+    except TypeError:
+        return hint
+    return hint if check in checks or f"ran {check}" not in checks else ""
 
 
 # ---- 07.all_reduce_time
@@ -115,12 +151,17 @@ def _expect_gathered(answer, num_devices, dtype=jnp.float32):
 @ring_all_gather.case(points=2, hint=f"Row d of the result is device d's block: work out which device the "
                                      f"block you hold after k hops came from. See {_RING}.")
 def matches_all_gather_on_4_devices(gather):
-    _expect_gathered(gather, 4)
+    _remembering(gather, "4 devices", lambda: _expect_gathered(gather, 4))
 
 
 @ring_all_gather.case(hint="Nothing may depend on there being 4 devices: ask the axis for its size.")
 def matches_all_gather_on_8_devices(gather):
-    _expect_gathered(gather, 8)
+    try:
+        _expect_gathered(gather, 8)
+    except CaseFailure as failure:
+        hint = _hint_if_passed(gather, "4 devices", "Nothing may depend on there being 4 devices: ask the "
+                                                    "axis for its size.")
+        raise CaseFailure(str(failure), hint=hint) from None
 
 
 @ring_all_gather.case(hint="The result has x's dtype, as jax.lax.all_gather's does: mind the dtype of any "
@@ -199,12 +240,17 @@ def _expect_dp_step(step_fn, num_devices, learning_rate, check):
                              f"differentiate, and how does shard_map combine the gradient of a replicated "
                              f"parameter? See {_DATA_PARALLEL}.")
 def matches_one_device_sgd_on_8_devices(step_fn):
-    _expect_dp_step(step_fn, 8, 0.05, "params")
+    _remembering(step_fn, "8 devices", lambda: _expect_dp_step(step_fn, 8, 0.05, "params"))
 
 
 @dp_step.case(hint="Nothing may depend on there being 8 devices, nor on one learning rate.")
 def matches_one_device_sgd_on_2_devices(step_fn):
-    _expect_dp_step(step_fn, 2, 0.2, "params")
+    try:
+        _expect_dp_step(step_fn, 2, 0.2, "params")
+    except CaseFailure as failure:
+        hint = _hint_if_passed(step_fn, "8 devices",
+                               "Nothing may depend on there being 8 devices, nor on one learning rate.")
+        raise CaseFailure(str(failure), hint=hint) from None
 
 
 @dp_step.case(hint="Return the mean loss over the whole batch, the same on every device.")
@@ -248,12 +294,17 @@ def _expect_tp_output(mlp_fn, num_devices):
 @tp_mlp.case(points=2, hint=f"Each device's second matmul gives a partial sum of the output; think about "
                             f"what is added once and what once per device. See {_TENSOR_PARALLEL}.")
 def matches_one_device_on_2_devices(mlp_fn):
-    _expect_tp_output(mlp_fn, 2)
+    _remembering(mlp_fn, "2 devices", lambda: _expect_tp_output(mlp_fn, 2))
 
 
 @tp_mlp.case(hint="The same specs must work on any size of the 'model' axis that divides hidden.")
 def matches_one_device_on_8_devices(mlp_fn):
-    _expect_tp_output(mlp_fn, 8)
+    try:
+        _expect_tp_output(mlp_fn, 8)
+    except CaseFailure as failure:
+        raise CaseFailure(str(failure), hint=_hint_if_passed(
+            mlp_fn, "2 devices", "The same specs must work on any size of the 'model' axis that divides "
+                                 "hidden.")) from None
 
 
 @tp_mlp.case(hint=f"Write the per-device program with jax.shard_map, in Megatron's layout: w1 and b1 split "
@@ -296,10 +347,15 @@ def _is_action(entry) -> bool:
             and isinstance(entry[1], int | np.integer))
 
 
+# The library's own schedules: the exercise is to write the table, not to call them.
+_LIBRARY_SCHEDULES = (parallel.gpipe_schedule, parallel.one_f_one_b_schedule, parallel.schedule_from_orders)
+
+
 def _table(schedule_fn, p, m):
     """The learner's table for p stages and m microbatches, as Actions, or a failure naming its shape."""
     call = f"gpipe_schedule({p}, {m})"
-    table = schedule_fn(p, m)
+    with forbidding(*_LIBRARY_SCHEDULES, why="the exercise is to build GPipe's table yourself"):
+        table = schedule_fn(p, m)
     expect(isinstance(table, list | tuple) and all(isinstance(row, list | tuple) for row in table),
            f"{call} returned {type(table).__name__}: expected a list of rows, one per tick, each with one "
            "entry per stage")
@@ -312,6 +368,10 @@ def _table(schedule_fn, p, m):
             expect(entry is None or _is_action(entry), f"{call}, tick {tick}, stage {stage} holds {entry!r}: "
                                                        "each entry is None (idle) or a pair like ('F', 0)")
     return [[None if a is None else parallel.Action(a[0], int(a[1])) for a in row] for row in table]
+
+
+def _show_action(action) -> str:
+    return "idle (None)" if action is None else f"('{action[0]}', {action[1]})"
 
 
 def _ticks(table, kind):
@@ -343,6 +403,8 @@ def forwards_form_a_staircase(schedule_fn):
 def backwards_mirror_the_forwards(schedule_fn):
     p, m = 4, 6
     table = _table(schedule_fn, p, m)
+    right_at_4_6 = table == parallel.gpipe_schedule(p, m)
+    _remember(schedule_fn, "p=4, m=6", right_at_4_6)
     in_forward_order = {(s, i): m + p - 1 + (p - 1 - s) + i for s in range(p) for i in range(m)}
     expect(_ticks(table, "B") != in_forward_order,
            "the backwards run in forward order (B0 first); GPipe's backward half takes the microbatches in "
@@ -364,14 +426,19 @@ def is_a_valid_schedule_of_the_right_length(schedule_fn):
 
 @gpipe_schedule.case(hint="Nothing may depend on one number of stages or microbatches: use the arguments.")
 def matches_gpipe_for_any_stages_and_microbatches(schedule_fn):
+    # The hint is for a table right at p = 4, m = 6 (the cases above) and wrong elsewhere; any
+    # other wrong table was told its mistake by the case above that it failed.
+    hint = _hint_if_passed(schedule_fn, "p=4, m=6", "Nothing may depend on one number of stages or "
+                                                    "microbatches: use the arguments.")
     for p, m in [(1, 1), (2, 5), (5, 2), (8, 3)]:
-        table, reference = _table(schedule_fn, p, m), parallel.gpipe_schedule(p, m)
+        reference = parallel.gpipe_schedule(p, m)
+        table = _table(schedule_fn, p, m)
         expect(len(table) == len(reference),
-               f"gpipe_schedule({p}, {m}) has {len(table)} ticks, expected {len(reference)}")
+               f"gpipe_schedule({p}, {m}) has {len(table)} ticks, expected {len(reference)}", hint=hint)
         for tick, (row, expected) in enumerate(zip(table, reference, strict=True)):
-            show = lambda actions: [str(a) if a else None for a in actions]  # noqa: E731
-            expect(row == expected, f"gpipe_schedule({p}, {m}), tick {tick}: expected {show(expected)}, "
-                                    f"got {show(row)}")
+            for stage, (got, want) in enumerate(zip(row, expected, strict=True)):
+                expect(got == want, f"gpipe_schedule({p}, {m}), tick {tick}, stage {stage}: expected "
+                                    f"{_show_action(want)}, got {_show_action(got)}", hint=hint)
 
 
 # ---- 07.bubble_fraction
@@ -379,7 +446,8 @@ bubble_fraction = Exercise("07.bubble_fraction", "The bubble, counted from a sch
 
 
 def _expect_bubble(bubble_fn, schedule, expected, what):
-    got = call_on_copies(bubble_fn, schedule, what="bubble_fraction")
+    with forbidding(parallel.bubble_fraction, why="the exercise is to count the idle slots yourself"):
+        got = call_on_copies(bubble_fn, schedule, what="bubble_fraction")
     expect(np.ndim(got) == 0 and np.asarray(got).dtype.kind in "fiu",
            f"bubble_fraction returned {type(got).__name__}: expected a number between 0 and 1")
     expect_close(float(got), expected, rtol=1e-9, atol=1e-12, what=f"the bubble share of {what}")
@@ -410,7 +478,10 @@ def counts_the_idle_slots_without_pipelining(bubble_fn):
                    "4 stages running one microbatch at a time (each stage busy 1 tick in 4)")
 
 
-@bubble_fraction.case(hint="Every tick of the table counts, the last ones too.")
+@bubble_fraction.case(hint="Every slot of the table counts: the last ticks too, and every stage's.")
 def counts_idle_ticks_at_the_end(bubble_fn):
     padded = parallel.gpipe_schedule(4, 4) + [[None] * 4, [None] * 4]
     _expect_bubble(bubble_fn, padded, 32 / 64, "GPipe p=4, m=4 followed by two idle ticks")
+    # The stages of this table are not idle alike: one stage's share is not the table's.
+    uneven = parallel.gpipe_schedule(2, 2) + [[parallel.Action("F", 0), None]]
+    _expect_bubble(bubble_fn, uneven, 5 / 14, "GPipe p=2, m=2, then stage 0 alone starts the next step")

@@ -119,12 +119,20 @@ def _expect_top(top_fn, events, module, why):
         got = call_on_copies(top_fn, events, module, what="top_op")
     expect(not calls, f"top_op called stacklib.profile.op_table {len(calls)} time(s): the exercise asks you "
                       "to add up the durations yourself")
-    expect(isinstance(got, str), f"expected the op's name, a str such as {expected!r}, got {got!r}")
+    expect(isinstance(got, str), f"expected the op's name, a str such as 'multiply.5' (an event's `name`), "
+                                 f"got {type(got).__name__} {got!r:.60}")
     if got == expected:
         return
+    # The op that was expected is not named: it is the whole answer. The rule the answer seems to
+    # follow is named instead, and what the expected op is (`why`) in words.
     named = [rule for name, rule in mistakes if name == got and name != expected]
-    diagnosis = f", the op picked by {'; '.join(named)}" if named else ""
-    expect(False, f"expected {expected!r} ({why}), got {got!r}{diagnosis}")
+    diagnosis = f": that is the op picked by {'; '.join(named)}" if named else ""
+    totals = _totals(events, module)
+    if got in totals:
+        found = f"{got!r} has {totals[got]:g} us in total in {module}; another op has more"
+    else:
+        found = f"{got!r} is not an op of {module} in this trace"
+    expect(False, f"{found}{diagnosis} ({why})")
 
 
 _OP_TABLE = "the chapter's section 'From a trace to an op table'"
@@ -135,7 +143,9 @@ _OP_TABLE = "the chapter's section 'From a trace to an op table'"
 def adds_up_every_execution(top_fn):
     durations = [("copy.3", 1.0), ("dot.2", 4.0), ("copy.3", 1.0), ("dot.2", 4.0), ("copy.3", 1.0),
                  ("fusion.1", 10.0), ("dot.2", 4.0), ("copy.3", 1.0), ("copy.3", 1.0)]  # as a loop runs them
-    events = [_event(name, duration, start=10.0 * i) for i, (name, duration) in enumerate(durations)]
+    # XLA's CPU runtime runs ops on a pool of threads: one op's executions land on several.
+    events = [_event(name, duration, start=10.0 * i, thread=f"tf_XLAEigen/{i % 3}")
+              for i, (name, duration) in enumerate(durations)]
     _expect_top(top_fn, events, "jit_step", "3 executions of 4 us = 12 us, more than fusion.1's one of 10 us "
                                             "and copy.3's 5 of 1 us")
 

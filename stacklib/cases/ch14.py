@@ -8,6 +8,7 @@ the learner's code runs; lists and arrays are handed over as copies (`call_on_co
 import numpy as np
 
 from stacklib.grading import Exercise, call_on_copies, expect, expect_close, expect_equal
+from stacklib.grading.expect import seeded_permutation
 from stacklib.infer.sampling_params import filter_probs
 
 # ---------------------------------------------------------------- 14.kv_bytes
@@ -76,6 +77,20 @@ def block_boundaries(fn):
         expect_equal(got, expected, what=f"slot_for({table}, {position}, {block_size})")
 
 
+@slot.case(points=2, hint="The last slot of the last block is still inside the table: only a position at "
+                          "len(block_table) * block_size or beyond is past it.")
+def the_last_slot_of_the_last_block(fn):
+    """Negative positions are outside the statement (positions count from 0) and are not tried."""
+    table, block_size = [int(b) for b in seeded_permutation(64, seed=14)], 16
+    last = len(table) * block_size - 1
+    got = call_on_copies(fn, table, last, block_size, what="slot_for")
+    expect_equal(got, table[-1] * block_size + block_size - 1, what=f"slot_for(<64 blocks>, {last}, 16)")
+    for position in np.random.default_rng(14).integers(0, last, 8):  # a realistic table, shuffled blocks
+        got = call_on_copies(fn, table, int(position), block_size, what="slot_for")
+        expected = table[position // block_size] * block_size + position % block_size
+        expect_equal(got, expected, what=f"slot_for(<64 blocks>, {position}, 16)")
+
+
 @slot.case(points=2, hint="A position past the sequence's blocks has no slot: raise IndexError (do not wrap "
                           "around).")
 def a_position_past_the_table_raises_index_error(fn):
@@ -136,6 +151,17 @@ def ties_are_broken_by_token_id(fn):
     # top_p is below the largest probability, so one token stays: the first of the tied ones.
     _check_top_p(fn, np.array([0.4, 0.2, 0.4]), 0.3, [1.0, 0.0, 0.0])
     _check_top_p(fn, np.array([0.1, 0.3, 0.3, 0.3]), 0.25, [0.0, 1.0, 0.0, 0.0])
+
+
+@top_p.case(points=2, hint="With many tied tokens the order among them must be by token id: np.argsort's "
+                           "default sort is not stable (past 16 elements it reorders equal values); sort "
+                           "with kind='stable' on the negated probabilities.")
+def ties_among_many_tokens_keep_token_order(fn):
+    probs = np.concatenate([np.full(32, 1 / 64), np.full(64, 1 / 128)])[seeded_permutation(96, seed=5)]
+    for p in (0.6, 0.75):  # the cut falls inside a run of tied tokens
+        expected = filter_probs(probs, 0, p, 0.0)
+        got = call_on_copies(fn, probs, p, what="top_p_filter")
+        expect_close(got, expected, rtol=1e-6, atol=1e-9, what=f"top_p_filter(<96 probs, many tied>, {p})")
 
 
 @top_p.case(hint="top_p=1 keeps every token, and the result still sums to 1.")

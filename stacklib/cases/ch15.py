@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stacklib.grading import Exercise, call_on_copies, expect, expect_close
+from stacklib.grading import Exercise, call_on_copies, expect, expect_close, expect_equal
+from stacklib.grading.expect import expect_mentions, seeded_permutation
 
 # ---------------------------------------------------------------- 15.symbolic_export
 
@@ -120,8 +121,20 @@ def _bad(bad_fn, root, files):
 
 
 def _in_unsorted_order(files: dict[str, str]) -> dict[str, str]:
-    """The manifest with its names in reverse order, so that an answer must sort them itself."""
-    return dict(reversed(list(files.items())))
+    """The manifest with its names in a seeded random order (not a reversal, which an answer that
+    reverses would undo), so that an answer must sort them itself."""
+    items = list(files.items())
+    return dict(items[i] for i in seeded_permutation(len(items), seed=11))
+
+
+def _expect_names(got, expected, what):
+    """Name what is missing, extra or out of order, rather than print the expected list."""
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    expect(not missing, f"{what}: a bad file was not reported ({len(missing)} missed), e.g. {missing[0]!r}"
+           if missing else "")
+    expect(not extra, f"{what}: {extra[0]!r} was reported but is intact" if extra else "")
+    expect(got == sorted(got), f"{what}: the right names, but not in sorted order: {got}")
+    expect(len(got) == len(expected), f"{what}: a name is reported more than once: {got}")
 
 
 @bad_files.case(hint="Nothing was changed, yet some names were reported: compare each listed file's "
@@ -146,7 +159,8 @@ def an_untouched_large_file_is_not_reported(bad_fn):
 
 
 @bad_files.case(points=2, hint="Return the manifest's names (relative, as listed), in sorted order whatever "
-                                "the manifest's order: a flipped bit and a truncation both change the hash.")
+                                "the manifest's order: a flipped bit, a truncation and an extra byte all "
+                                "change the hash.")
 def a_flipped_bit_and_a_truncated_file_are_both_named(bad_fn):
     with tempfile.TemporaryDirectory() as folder:
         root = pathlib.Path(folder)
@@ -155,9 +169,10 @@ def a_flipped_bit_and_a_truncated_file_are_both_named(bad_fn):
         kernel[10] ^= 0x04
         (root / "weights/00000.kernel.bin").write_bytes(bytes(kernel))
         (root / "program.bin").write_bytes(_CONTENTS["program.bin"][:-1])
+        (root / "weights/00001.bias.bin").write_bytes(_CONTENTS["weights/00001.bias.bin"] + b"\0")
         got = _bad(bad_fn, root, files)
-        expect(got == ["program.bin", "weights/00000.kernel.bin"],
-               f"expected ['program.bin', 'weights/00000.kernel.bin'], got {got}")
+        _expect_names(got, ["program.bin", "weights/00000.kernel.bin", "weights/00001.bias.bin"],
+                      "a flipped bit, a truncated file and a longer one")
 
 
 @bad_files.case(points=2, hint="A missing file is bad too: report it instead of raising FileNotFoundError.")
@@ -170,7 +185,7 @@ def a_missing_file_is_named_not_raised(bad_fn):
             got = _bad(bad_fn, root, files)
         except FileNotFoundError as error:
             expect(False, f"a missing file raised FileNotFoundError ({error}); name it in the list instead")
-        expect(got == ["weights/00001.bias.bin"], f"expected ['weights/00001.bias.bin'], got {got}")
+        _expect_names(got, ["weights/00001.bias.bin"], "a missing file")
 
 
 @bad_files.case(points=2, hint="Check every listed file, the large weights too: a change near the end of a "
@@ -181,7 +196,7 @@ def a_change_at_the_end_of_a_large_file_is_found(bad_fn):
         files = _artifact(root, {**_CONTENTS, "weights/00002.embedding.bin": _BIG})
         (root / "weights/00002.embedding.bin").write_bytes(_BIG[:-1] + bytes([_BIG[-1] ^ 1]))
         got = _bad(bad_fn, root, files)
-        expect(got == ["weights/00002.embedding.bin"], f"expected ['weights/00002.embedding.bin'], got {got}")
+        _expect_names(got, ["weights/00002.embedding.bin"], "a change at the end of a large file")
 
 
 # ---------------------------------------------------------------- 15.batch_window
@@ -298,10 +313,12 @@ def buckets_without_rows_are_left_out(bucket_fn):
                                     "never sees the padding.")
 def tokens_first_then_the_pad_value(bucket_fn):
     for pad_value in (-1, 42):
-        expected = _padded([[7, 0, 9]], 8, pad_value).tolist()
+        expected = _padded([[7, 0, 9]], 8, pad_value)
         got = _as_lists(_buckets(bucket_fn, [[7, 0, 9]], [8, 16], pad_value))
-        expect(got.get(8) == expected, f"[[7, 0, 9]] into buckets [8, 16] with pad {pad_value}: expected "
-                                       f"{{8: {expected}}}, got {got}")
+        expect(np.shape(got.get(8)) == (1, 8),
+               f"[[7, 0, 9]] into buckets [8, 16]: expected {{8: shape (1, 8)}}, got shapes {_shapes(got)}")
+        expect_equal(np.asarray(got[8], np.int32), expected,
+                     what=f"[[7, 0, 9]] into bucket 8 with pad {pad_value}")
 
 
 @length_buckets.case(points=2, hint="Within a bucket keep the rows in the order they were given: the "
@@ -328,20 +345,24 @@ def the_arrays_are_int32(bucket_fn):
                                   + ("" if dtype is None else f" of dtype {dtype}"))
 
 
-def _expect_value_error(bucket_fn, rows, what):
+def _expect_value_error(bucket_fn, rows, what, must_name):
+    """The learner's ValueError, whose message must say what is wrong (`must_name`, for expect_mentions)."""
     try:
         call_on_copies(bucket_fn, rows, [16, 8], -1, what="pad_to_buckets")
-    except ValueError:
+    except ValueError as error:
+        expect_mentions(str(error), must_name, what=f"the ValueError's message for {what}")
         return
     expect(False, f"{what} should raise ValueError, but it was accepted")
 
 
-@length_buckets.case(hint="A row longer than the largest bucket fits nowhere: raise ValueError saying so "
-                          "(do not cut it short).")
+@length_buckets.case(hint="A row longer than the largest bucket fits nowhere: raise ValueError saying so, "
+                          "with the row's length and the largest bucket in the message (do not cut it "
+                          "short).")
 def a_row_longer_than_every_bucket_is_refused(bucket_fn):
-    _expect_value_error(bucket_fn, [[1, 2], list(range(17))], "a row of 17 tokens with buckets [16, 8]")
+    _expect_value_error(bucket_fn, [[1, 2], list(range(17))], "a row of 17 tokens with buckets [16, 8]",
+                        ["17", "16"])
 
 
 @length_buckets.case(hint="An empty row has no token to answer after: raise ValueError saying so.")
 def an_empty_row_is_refused(bucket_fn):
-    _expect_value_error(bucket_fn, [[1, 2], []], "an empty row")
+    _expect_value_error(bucket_fn, [[1, 2], []], "an empty row", [("empty", "0 tokens", "no token")])

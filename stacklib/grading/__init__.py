@@ -12,7 +12,15 @@ from stacklib.grading.expect import (
     expect_close,
     expect_equal,
     expect_gradient,
+    expect_instance,
+    expect_mentions,
+    expect_same_across_processes,
+    expect_same_sequence,
+    expect_sharding,
+    first_difference,
+    forbidding,
     numerical_gradient,
+    seeded_permutation,
 )
 from stacklib.grading.report import check
 from stacklib.grading.runner import (
@@ -36,7 +44,15 @@ __all__ = [
     "expect_close",
     "expect_equal",
     "expect_gradient",
+    "expect_instance",
+    "expect_mentions",
+    "expect_same_across_processes",
+    "expect_same_sequence",
+    "expect_sharding",
+    "first_difference",
+    "forbidding",
     "get_exercise",
     "grade",
     "numerical_gradient",
+    "seeded_permutation",
 ]

@@ -9,10 +9,12 @@ imports that module on first use, runs every case, and returns the scores.
 Running a case never lets a learner's bug escape as a traceback, nor stop the
 notebook's Run All (so the later exercises are graded too). The outcome is one of
   passed           — full points;
-  failed           — the case's message says what differs, plus the case's hint;
+  failed           — the case's message says what differs, plus a hint: the failed
+                     check's own (`expect(..., hint=...)`) or else the case's;
   not implemented  — the answer raised NotImplementedError (the exercise stub does);
   error            — the answer raised (or called sys.exit()); we report the exception
-                     and the learner's line;
+                     (its first paragraph: no wall of JAX internals), the learner's line,
+                     and a hint for that kind of error;
   timed out        — the answer ran past the case's time limit and was stopped;
   skipped          — an earlier case of the same exercise timed out.
 
@@ -49,6 +51,7 @@ import inspect
 import io
 import pathlib
 import pkgutil
+import re
 import signal
 import sysconfig
 import threading
@@ -56,7 +59,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from stacklib.grading.expect import CaseFailure
+from stacklib.grading.expect import CaseFailure, _per_device_note
 
 CASES_PACKAGE = "stacklib.cases"
 DEFAULT_TIME_LIMIT_S = 30.0
@@ -388,6 +391,7 @@ class _Calls:
 
     returned_none: bool = False
     last_result_type: str = ""
+    per_device_note: str = ""  # set when the last result looks like one value per device
     escaped: list[BaseException] = dataclasses.field(default_factory=list)  # raised through it
 
 
@@ -410,6 +414,7 @@ def _watched(answer: Any, calls: _Calls) -> Any:
             raise
         calls.returned_none |= result is None
         calls.last_result_type = type(result).__name__
+        calls.per_device_note = _per_device_note(result, devices_only=True)
         return result
 
     return watched
@@ -476,8 +481,10 @@ def _is_not_implemented(error: BaseException) -> bool:
 # --- running cases ----------------------------------------------------------------------------
 
 
-def _with_hint(message: str, case: Case) -> str:
-    hint = f" Hint: {case.hint}" if case.hint else ""
+def _with_hint(message: str, case: Case, hint: str | None = None) -> str:
+    """`message`, then a hint: `hint` when given ("" for none), else the case's."""
+    hint = case.hint if hint is None else hint
+    hint = f" Hint: {hint}" if hint else ""
     if not message:
         return hint.strip()
     return f"{message}{'' if message.endswith(('.', '?', '!')) else '.'}{hint}"
@@ -485,12 +492,78 @@ def _with_hint(message: str, case: Case) -> str:
 
 _RETURNED_NONE = "your function returned None: did you forget `return`?"
 
+# Errors whose cause is known from their type or message: (type name, message pattern, what it
+# means for the learner, the hint that names the mistake). JAX's own text for these is long and
+# advises flags (check_vma=False, JAX_TRACEBACK_FILTERING) that a learner cannot pass.
+_ERROR_HINTS: list[tuple[str, str, str, str]] = [
+    ("", r"out_specs which require replication", (
+        "your function returns a value that differs from device to device where the output is "
+        "declared the same on every device (out_specs=P())"),
+     "Combine the per-device values first: jax.lax.psum (a sum) or jax.lax.pmean (a mean) over the "
+     "mesh axis, inside the shard_map."),
+    ("TracerArrayConversionError", "", "", (
+        "A NumPy function (np.*, or np.asarray) was given a traced array inside jax.jit, grad or "
+        "vmap: use the jax.numpy function of the same name.")),
+    ("TracerBoolConversionError", "", "", (
+        "Python `if`, `while`, `and`/`or` or bool() on a traced value: under jit the value is not known "
+        "yet. Use jnp.where, jax.lax.cond or jax.lax.while_loop, or compute on shapes, which are known.")),
+    ("ConcretizationTypeError", "", "", (
+        "A concrete number (a size, an index, a Python int) was taken from a traced value: derive it from "
+        "the shapes (x.shape) or static arguments instead.")),
+    ("TracerIntegerConversionError", "", "", (
+        "int() or an index of a traced value: under jit it has no value yet. Use jnp indexing "
+        "(x[i] with a traced i works) or jax.lax.dynamic_slice.")),
+    ("TypeError", r"dot_general requires contracting dimensions|incompatible shapes|"
+                  r"add got incompatible shapes|cannot broadcast", "", (
+        "Two arrays' shapes do not fit: check each operand's shape against the statement "
+        "(print x.shape) and the order of a matmul's operands.")),
+    ("ValueError", r"operands could not be broadcast|matmul: Input operand|shapes .* not aligned", "", (
+        "Two arrays' shapes do not fit: check each operand's shape against the statement "
+        "(print x.shape) and the order of a matmul's operands.")),
+    ("TypeError", r"positional argument|unexpected keyword argument|required keyword", "", (
+        "The function's signature differs from the one in the statement: keep its arguments' names "
+        "and order.")),
+    ("AttributeError", r"'NoneType' object has no attribute", "", (
+        "Something in your code is None where a value was expected: a helper without `return`, "
+        "or a method such as list.sort() that returns None.")),
+]
+
+
+def _known_error(error: BaseException) -> tuple[str, str] | None:
+    """(what it means, hint) for an error of a known kind, or None."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 5:
+        chain.append(chain[-1].__cause__)
+    for raised in chain:
+        for type_name, pattern, meaning, hint in _ERROR_HINTS:
+            names = {cls.__name__ for cls in type(raised).__mro__}
+            if (not type_name or type_name in names) and (not pattern or re.search(pattern, str(raised))):
+                return meaning, hint
+    return None
+
+
+def _error_text(error: BaseException) -> str:
+    """`Type: message`, cut to its first paragraph without JAX's links and flag advice."""
+    paragraphs = [p for p in str(error).strip().split("\n\n") if p.strip()]
+    first = paragraphs[0] if paragraphs else ""
+    lines = [line for line in first.splitlines() if not re.match(
+        r"\s*(See https?://|The error occurred while tracing|For simplicity, JAX has removed|"
+        r"-+$|.*JAX_TRACEBACK_FILTERING)", line)]
+    text = " ".join(line.strip() for line in lines) or first.strip()
+    return f"{type(error).__name__}: {text}"
+
 
 def _grader_could_not_use(error: BaseException, answer: Any, calls: _Calls, case: Case) -> str:
     """The message for the case's own code failing on what the answer gave it."""
     if calls.returned_none:
         return _with_hint(_RETURNED_NONE, case)
-    described = f"{type(error).__name__}: {error}"
+    known = _known_error(error)
+    if known is not None and known[0]:
+        return _with_hint(known[0], case, known[1])
+    described = _error_text(error)
+    if calls.per_device_note:
+        return _with_hint(f"the grader could not use what your function returned, a "
+                          f"{calls.last_result_type}{calls.per_device_note}", case, "")
     if calls.last_result_type:
         return _with_hint(
             f"the grader could not use what your function returned ({calls.last_result_type}): "
@@ -507,7 +580,7 @@ def _diagnose(error: BaseException, case: Case, answer: Any, calls: _Calls) -> t
         message = str(error)
         if calls.returned_none and "None" in message:
             message += f"; {_RETURNED_NONE}"
-        return FAILED, _with_hint(message, case)
+        return FAILED, _with_hint(message, case, getattr(error, "hint", None))
     if isinstance(error, CaseTimeout):
         return TIMED_OUT, (
             f"stopped at the {case.time_limit_s:g} s time limit: look for a loop that never "
@@ -523,7 +596,9 @@ def _diagnose(error: BaseException, case: Case, answer: Any, calls: _Calls) -> t
     if _is_not_implemented(error):
         return NOT_IMPLEMENTED, "not implemented yet"
     if _raised_in_learner_code(error, case, calls):
-        return ERROR, f"{type(error).__name__}: {error}{where}"
+        known = _known_error(error)
+        meaning = f"{known[0]}: " if known and known[0] else ""
+        return ERROR, _with_hint(f"{meaning}{_error_text(error)}{where}", case, known[1] if known else None)
     return ERROR, _grader_could_not_use(error, answer, calls, case)
 
 
