@@ -109,7 +109,7 @@ def test_prefix_caching_reuses_blocks_and_changes_no_token(model, reference):
 
 def test_a_step_mixes_decodes_with_a_prompt_chunk_under_the_token_budget():
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, block_size=4).resolve(128)
-    scheduler = Scheduler(config, eos_id=0)
+    scheduler = Scheduler(config, eos_token_ids={0})
     params = SamplingParams(max_tokens=4)
     short, long = (Sequence(name, name, 0, list(range(1, n + 1)), params, np.random.default_rng(0))
                    for name, n in (("short", 3), ("long", 20)))

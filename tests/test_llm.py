@@ -355,6 +355,18 @@ def test_a_model_folder_loads_what_write_atomically_wrote_and_an_empty_one_names
         np.testing.assert_array_equal(a, b)
 
 
+
+def test_a_model_folder_of_an_open_models_architecture_loads_as_that_architecture(tmp_path):
+    config = load_config(None, **TINY, qk_norm=True, rope_scaling="llama3")  # chapter 18's settings
+    model = Transformer(config, rngs=nnx.Rngs(3))
+    write_atomically(tmp_path / "model", 1, {"params": ocp.args.StandardSave(nnx.state(model, nnx.Param)),
+                                             "config": ocp.args.JsonSave(config.to_dict())})
+    loaded = zoo.load_model_dir(tmp_path / "model")
+    assert loaded.config.qk_norm and loaded.config.rope_scaling == "llama3"
+    tokens = jnp.arange(8)[None]
+    np.testing.assert_array_equal(loaded(tokens), model(tokens))
+
+
 ZOO_CHILD = f"""
 import hashlib, sys, jax, numpy as np
 jax.config.update("jax_platforms", "cpu")

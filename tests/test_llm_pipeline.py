@@ -120,3 +120,16 @@ def test_the_command_line_trains_with_a_pipeline_to_the_same_losses(tmp_path, ca
     assert [r["step"] for r in records] == list(range(1, STEPS + 1)) and all(r["mfu"] > 0 for r in records)
     np.testing.assert_allclose([r["loss"] for r in records], unpipelined.losses, atol=LOSS_ATOL)
     assert json.loads(capsys.readouterr().out)["final_loss"] == records[-1]["loss"]
+
+
+def test_the_pipelined_forward_pass_gives_an_open_models_logits_rope_scaling_and_qk_norm_included():
+    # Chapter 18's settings live inside the layers (qk_norm) and in the RoPE angles the pipeline
+    # computes itself (rope_scaling): both must reach the stages.
+    config = pipelined(pipeline_parallelism=2, num_pipeline_microbatches=2, qk_norm=True,
+                       rope_scaling="llama3", rope_original_max_len=16)
+    model = train.make_model(config)
+    graphdef, params = nnx.split(model, nnx.Param)
+    tokens = jax.random.randint(jax.random.key(0), (8, 16), 0, config.vocab_size)
+    forward = pipeline.make_forward(graphdef, params, config, train.make_mesh(config))
+    logits = jax.jit(forward)(pipeline.stage_layers(params, 2), tokens)
+    np.testing.assert_allclose(logits, model(tokens), atol=1e-5)  # float32 rounding of reordered sums

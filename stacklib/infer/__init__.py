@@ -3,6 +3,7 @@
     from stacklib.infer import LLM, SamplingParams
     llm = LLM("stdlib-bytes")
     llm.generate(["def f("], SamplingParams(temperature=0, max_tokens=32))
+    LLM("path/to/Qwen3-0.6B", max_model_len=2048)   # a Hugging Face checkpoint, its BPE and chat template
 
     python -m stacklib.infer.serve --model stdlib-bytes --port 8000   # OpenAI-compatible server
 
@@ -14,10 +15,10 @@ The pieces, one file each:
   scheduler.py        continuous batching, chunked prefill, preemption, stop rules; owns the cache
   model_runner.py     one compiled step (decodes and prompt chunks): chapter 12's model, PagedKVCache
   quantization.py     weight-only int8/int4 serving with stacklib.quant's rules
-  detokenizer.py      token ids to text a step at a time: whole characters, stop strings
+  detokenizer.py      token ids (bytes or BPE) to text a step at a time: whole characters, stop strings
   engine.py           LLMEngine (add_request / step / abort_request) and LLM.generate
   async_engine.py     the engine stepped in a thread, for the server's asyncio requests
-  protocol.py         the OpenAI API's request bodies (pydantic) and pieces of its answers
+  protocol.py         the OpenAI API's request bodies (pydantic), chat templates, pieces of its answers
   serve.py            /v1/completions, /v1/chat/completions, /v1/models, /health on stacklib.http
 
 Layer 4: it imports llm (layer 3), quant (layer 2), nn and http (layer 1).

@@ -15,17 +15,26 @@ loop shared by all clients.
 Mirrors `vllm.LLM` and `vllm.v1.engine.LLMEngine` (`add_request`, `step`,
 `abort_request`, `has_unfinished_requests`). Differences: `add_requests` queues a batch all
 or none (vLLM adds a batch's prompts one by one); one process (vLLM runs the
-engine core in its own process); the model is a zoo name or a `Transformer`; the cache
-size comes from `num_gpu_blocks_override` or from `max_num_seqs` full-length sequences,
-not from profiling free accelerator memory. A model folder must be in the zoo's format
-(params + config); a training checkpoint's optimizer state is not read.
+engine core in its own process); the model is a zoo name, a folder, or a `Transformer`; the
+cache size comes from `num_gpu_blocks_override` or from `max_num_seqs` full-length sequences,
+not from profiling free accelerator memory. A model folder is a Hugging Face checkpoint
+(config.json + safetensors, read by `stacklib.llm.hf.load_pretrained`, with its tokenizer.json)
+or one in the zoo's format (params + config; a training checkpoint's optimizer state is not read).
+
+The tokenizer is the byte-level `ByteTokenizer` of the book's own models, or a model's real
+BPE tokenizer (`stacklib.llm.hf_tokenizer.HFTokenizer`): a folder's tokenizer.json, or one
+given as `LLM(model, tokenizer=...)`. Generation stops on any of the tokenizer's
+`eos_token_ids` (a chat model ends a turn with its own token, `<|im_end|>`, `<|eot_id|>`).
+A folder without tokenizer.json is refused, unless its model has 256 token ids: then it is a
+byte-level model, and the `ByteTokenizer` serves it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+import pathlib
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,14 +48,19 @@ from stacklib.infer.scheduler import Scheduler, Sequence, SequenceStatus
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
 
+if TYPE_CHECKING:  # imported when a folder needs it: the book's byte models need no tokenizers library
+    from stacklib.llm.hf_tokenizer import HFTokenizer
+
+    Tokenizer = ByteTokenizer | HFTokenizer
+
 
 class _Request:
     """A request's sequences (one per `n`) and the completions reported for them."""
 
-    def __init__(self, request_id, prompt, prompt_token_ids, params, seqs):
+    def __init__(self, request_id, prompt, prompt_token_ids, params, seqs, tokenizer):
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
         self.params, self.seqs = params, seqs
-        self.detokenizers = [IncrementalDetokenizer(params.stop, params.min_tokens) for _ in seqs]
+        self.detokenizers = [IncrementalDetokenizer(params.stop, params.min_tokens, tokenizer) for _ in seqs]
         self.completions = [CompletionOutput(i, "", [], 0.0 if params.logprobs is not None else None,
                                              [] if params.logprobs is not None else None)
                             for i in range(len(seqs))]
@@ -66,21 +80,27 @@ class LLMEngine:
 
     Args:
       model: a chapter-12 `Transformer`.
-      tokenizer: default `ByteTokenizer()`.
+      tokenizer: default `ByteTokenizer()`; or an `HFTokenizer`.
       config: the engine's settings (default `EngineConfig()`).
 
     Raises:
-      ValueError: settings that cannot work with this model (`EngineConfig.resolve`).
+      ValueError: settings that cannot work with this model (`EngineConfig.resolve`), or a
+        tokenizer with more ids than the model has embeddings.
     """
 
-    def __init__(self, model: Transformer, tokenizer: ByteTokenizer | None = None,
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None = None,
                  config: EngineConfig | None = None):
         self.config = (config or EngineConfig()).resolve(model.config.max_seq_len)
         self.max_model_len = self.config.max_model_len
+        self.tokenizer = tokenizer or ByteTokenizer()
+        if self.tokenizer.vocab_size > model.config.vocab_size:  # a model may embed more ids (Qwen pads)
+            raise ValueError(f"The tokenizer has {self.tokenizer.vocab_size} token ids but the model embeds "
+                             f"only vocab_size={model.config.vocab_size}: they are not a pair. Use the "
+                             "tokenizer of the model's own folder.")
         if self.config.quantization:
             model = quantize_weights(model, self.config.quantization)
-        self.tokenizer = tokenizer or ByteTokenizer()
-        self.scheduler = Scheduler(self.config, self.tokenizer.eos_id)
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.scheduler = Scheduler(self.config, self.eos_token_ids)
         self.runner = ModelRunner(model, num_blocks=self.config.num_gpu_blocks_override,
                                   block_size=self.config.block_size, max_model_len=self.max_model_len,
                                   max_num_seqs=self.config.max_num_seqs,
@@ -138,7 +158,7 @@ class LLMEngine:
                            np.random.default_rng(list(seed)))
             seqs.append(seq)
             self.scheduler.add(seq)
-        self.requests[request_id] = _Request(request_id, text, ids, params, seqs)
+        self.requests[request_id] = _Request(request_id, text, ids, params, seqs, self.tokenizer)
 
     def add_requests(self, requests: list[tuple[str, str | list[int], SamplingParams]]) -> None:
         """Queue several (request_id, prompt, params) at once, all or none.
@@ -173,7 +193,7 @@ class LLMEngine:
         """Sample seq's next token from `logits`, report it, and stop seq at a stop string."""
         params, request = seq.params, self.requests[seq.request_id]
         completion = request.completions[seq.index]
-        token = sample_token(logits, params, seq.rng, len(seq.output_token_ids), self.tokenizer.eos_id)
+        token = sample_token(logits, params, seq.rng, len(seq.output_token_ids), self.eos_token_ids)
         stop = self.scheduler.update_from_output(seq, num_new, token)  # eos, stop ids, lengths
         completion.token_ids = list(seq.output_token_ids)
         if params.logprobs is not None:
@@ -233,37 +253,83 @@ class LLMEngine:
         return {"slots": slots, "tokens": tokens, "sequences": len(running)}
 
 
-def _load_model(model: str | Transformer) -> Transformer:
-    if isinstance(model, Transformer):
-        return model
-    from stacklib.llm import pretrained, zoo
+def _load_tokenizer(path: str | os.PathLike, vocab_size: int) -> Tokenizer:
+    """The tokenizer of a model folder: its tokenizer.json, or bytes for a model of 256 ids.
 
-    if os.path.isdir(model):
-        return zoo.load_model_dir(model)
-    return pretrained(model)[0]
+    Raises:
+      FileNotFoundError: no tokenizer.json, and the model is not byte-level.
+    """
+    from stacklib.llm.hf_tokenizer import HFTokenizer
+
+    if (pathlib.Path(path) / "tokenizer.json").is_file() or vocab_size != ByteTokenizer.vocab_size:
+        return HFTokenizer.from_pretrained(path)  # FileNotFoundError names the missing file and the fix
+    return ByteTokenizer()
+
+
+def load_model(model: str | os.PathLike | Transformer,
+               tokenizer: str | os.PathLike | Tokenizer | None = None) -> tuple[Transformer, Tokenizer]:
+    """The model and tokenizer `LLM(model, tokenizer=...)` serves.
+
+    Args:
+      model: a `Transformer`; a folder holding a Hugging Face checkpoint (config.json and
+        *.safetensors, `stacklib.llm.hf.load_pretrained`) or a model in the zoo's format;
+        or a zoo name (`stacklib.llm.pretrained`).
+      tokenizer: a tokenizer, or a folder holding tokenizer.json; default: the model folder's
+        (see `_load_tokenizer`), else the `ByteTokenizer` of the book's models.
+
+    Raises:
+      FileNotFoundError: a folder that holds neither format, or no tokenizer for a BPE model.
+      ValueError: the checkpoint cannot be read into our model (the message names the tensor or key).
+    """
+    folder = None
+    if not isinstance(model, Transformer):
+        from stacklib.llm import pretrained, zoo
+
+        folder = pathlib.Path(model)
+        if (folder / "config.json").is_file():  # a Hugging Face checkpoint
+            from stacklib.llm import hf
+
+            model = hf.load_pretrained(folder)[1]
+        elif folder.is_dir():
+            model = zoo.load_model_dir(folder)
+        else:
+            model, folder = pretrained(str(model))[0], None
+    if tokenizer is None:
+        return model, ByteTokenizer() if folder is None else _load_tokenizer(folder, model.config.vocab_size)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from stacklib.llm.hf_tokenizer import HFTokenizer
+
+        tokenizer = HFTokenizer.from_pretrained(tokenizer)
+    return model, tokenizer
 
 
 class LLM:
     """Offline generation, like `vllm.LLM`: `LLM(model, **settings).generate(prompts, sampling_params)`.
 
     Args:
-      model: a zoo name (`stacklib.llm.pretrained`), a folder holding a model saved in the
-        zoo's format, or a chapter-12 `Transformer`.
+      model: a zoo name (`stacklib.llm.pretrained`), a folder holding a Hugging Face checkpoint
+        (config.json, *.safetensors, tokenizer.json) or a model saved in the zoo's format, or a
+        chapter-12 `Transformer` (see `load_model`).
+      tokenizer: a tokenizer (`HFTokenizer`, `ByteTokenizer`) or a folder with tokenizer.json;
+        default: the model folder's, else bytes.
       **settings: `EngineConfig`'s fields (`max_num_seqs=8`, `block_size=4`, `quantization="int8"`…).
 
     Raises:
       TypeError: an unknown setting (the message lists the known ones).
       ValueError: a setting out of range, or one that cannot work with this model.
+      FileNotFoundError: a model folder without a model, or without the tokenizer it needs.
     """
 
-    def __init__(self, model: str | Transformer = "stdlib-bytes", **settings: Any):
+    def __init__(self, model: str | os.PathLike | Transformer = "stdlib-bytes", *,
+                 tokenizer: str | os.PathLike | Tokenizer | None = None, **settings: Any):
         config = EngineConfig.from_kwargs(**settings)  # checked before the model is loaded
-        self.model_name = os.path.basename(os.path.normpath(model)) if isinstance(model, str) else "model"
-        self.llm_engine = LLMEngine(_load_model(model), ByteTokenizer(), config)
+        named = isinstance(model, (str, os.PathLike))
+        self.model_name = os.path.basename(os.path.normpath(model)) if named else "model"
+        self.llm_engine = LLMEngine(*load_model(model, tokenizer), config)
         self.llm_engine.runner.warmup()
         self._ids = itertools.count()
 
-    def get_tokenizer(self) -> ByteTokenizer:
+    def get_tokenizer(self) -> Tokenizer:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,

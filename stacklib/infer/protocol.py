@@ -1,17 +1,23 @@
 """The OpenAI API's request bodies as pydantic models, and the pieces of its answers built from outputs.
 
     body = parse_request(CompletionRequest, {"model": "stdlib-bytes", "prompt": "def f(", "n": 2})
-    body.prompts(), body.sampling_params()    # -> ["def f("], SamplingParams(n=2, ...)
+    body.prompts(tokenizer), body.sampling_params()    # -> ["def f("], SamplingParams(n=2, ...)
 
 A request is validated twice: here its fields' types (a 400 naming the field pydantic
 found at fault), then its values by `SamplingParams` and `LLMEngine.add_request`, which
 raise `InvalidRequestError` with the field's engine name; `request_field` turns that
 into the request's own name (in chat, a prompt too long is `messages`'s fault).
 
+A chat's messages become one prompt through the model's own chat template when its
+tokenizer has one (`HFTokenizer.apply_chat_template`, rendered from tokenizer_config.json,
+encoded without adding special tokens), and through ours (`apply_chat_template` here) for
+the book's byte-level models, which were never chat-tuned.
+
 Mirrors vLLM's `vllm/entrypoints/openai/protocol.py` (`CompletionRequest`,
-`ChatCompletionRequest`, `to_sampling_params`). Differences: a subset of the fields
-(vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids` included);
-responses are plain dicts, not pydantic models; the chat template is ours.
+`ChatCompletionRequest`, `to_sampling_params`, `chat_template_kwargs`). Differences: a
+subset of the fields (vLLM's extras `top_k`, `min_p`, `min_tokens`, `ignore_eos`,
+`stop_token_ids` included); responses are plain dicts, not pydantic models; a message's
+content is a string (no parts, images or tool calls).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import pydantic
 from stacklib import http
 from stacklib.infer.outputs import CompletionOutput, RequestOutput
 from stacklib.infer.sampling_params import InvalidRequestError, SamplingParams
+from stacklib.llm.tokenizer import ByteTokenizer
 
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -67,8 +74,9 @@ class CompletionRequest(GenerateRequest):
     prompt: str | list[int] | list[str] | list[list[int]]  # what OpenAI's API accepts
     logprobs: int | None = None
 
-    def prompts(self) -> list[str | list[int]]:
-        """The prompts of this request: one, or a batch (`["a", "b"]`, `[[1, 2], [3]]`)."""
+    def prompts(self, tokenizer: Any = None) -> list[str | list[int]]:
+        """The prompts of this request: one, or a batch (`["a", "b"]`, `[[1, 2], [3]]`); the engine
+        encodes text with its tokenizer."""
         if isinstance(self.prompt, str) or all(isinstance(token, int) for token in self.prompt):
             return [self.prompt]
         return list(self.prompt)
@@ -88,9 +96,24 @@ class ChatMessage(pydantic.BaseModel):
 class ChatCompletionRequest(GenerateRequest):
     messages: list[ChatMessage] = pydantic.Field(min_length=1)
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: more template variables
 
-    def prompts(self) -> list[str]:
-        return [apply_chat_template(self.messages)]
+    def prompts(self, tokenizer: Any = None) -> list[str | list[int]]:
+        """The one prompt of the conversation: the model's template's token ids, or our template's text.
+
+        Raises:
+          InvalidRequestError: the model has no chat template, the template refused the messages
+            (its `raise_exception`), or a message is not valid Unicode (`param` "prompt").
+        """
+        if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
+            return [apply_chat_template(self.messages)]
+        messages = [message.model_dump() for message in self.messages]
+        try:
+            return [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  **(self.chat_template_kwargs or {}))]
+        except ValueError as error:  # no template, a refusal, or a UnicodeEncodeError
+            raise InvalidRequestError(f"The messages cannot be made a prompt: {error}",
+                                      param="prompt") from None
 
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         return super().sampling_params(max_tokens=self.max_completion_tokens or self.max_tokens, **overrides)
@@ -105,7 +128,8 @@ class ChatCompletionRequest(GenerateRequest):
 
 
 def apply_chat_template(messages: list[ChatMessage]) -> str:
-    """Our chat template: each turn as `<|role|>\\ncontent\\n`, then the assistant's header."""
+    """Our chat template, for models without one: each turn as `<|role|>\\ncontent\\n`, then the
+    assistant's header."""
     turns = "".join(f"<|{m.role}|>\n{m.content}\n" for m in messages)
     return turns + "<|assistant|>\n"
 

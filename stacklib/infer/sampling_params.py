@@ -4,7 +4,7 @@
     SamplingParams(temperature=0.8, top_p=0.95, seed=0, n=2)   # sampled, reproducible
 
 The rule, applied to one row of logits `z` (vocab,):
-  1. before `min_tokens` tokens, EOS and `stop_token_ids` are forbidden (logit -inf);
+  1. before `min_tokens` tokens, the EOS ids and `stop_token_ids` are forbidden (logit -inf);
   2. temperature 0 (below 1e-5, as in vLLM) takes argmax z: greedy;
   3. otherwise p = softmax(z / temperature), then keep the `top_k` most likely tokens,
      the smallest set whose probability reaches `top_p`, and tokens with
@@ -24,6 +24,7 @@ Mirrors `vllm.SamplingParams` (a documented subset). Differences: no penalties
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import numpy as np
 
@@ -135,10 +136,10 @@ def filter_probs(probs: np.ndarray, top_k: int, top_p: float, min_p: float) -> n
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-                 num_generated: int, eos_token_id: int | None) -> int:
-    """The next token for one sequence from its logits (vocab,)."""
+                 num_generated: int, eos_token_ids: Collection[int] = ()) -> int:
+    """The next token for one sequence from its logits (vocab,); `eos_token_ids` end a text."""
     if num_generated < params.min_tokens:
-        banned = list(params.stop_token_ids) + ([eos_token_id] if eos_token_id is not None else [])
+        banned = list(params.stop_token_ids) + sorted(eos_token_ids)
         logits = logits.copy()
         logits[banned] = -np.inf
     if params.greedy:

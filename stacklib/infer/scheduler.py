@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+from collections.abc import Collection
 
 import numpy as np
 
@@ -86,11 +87,15 @@ class SchedulerOutput:
         return sum(n for _, n in self.scheduled)
 
 
-def check_stop(seq: Sequence, eos_id: int, max_model_len: int) -> tuple[str, int | None] | None:
-    """Why `seq` stops after its latest token: ("stop", the stop token or None), ("length", None), or None."""
+def check_stop(seq: Sequence, eos_token_ids: Collection[int], max_model_len: int,
+               ) -> tuple[str, int | None] | None:
+    """Why `seq` stops after its latest token: ("stop", the stop token or None), ("length", None), or None.
+
+    Any of `eos_token_ids` is an end of text (stop reason None, as vLLM reports EOS).
+    """
     params, token, n = seq.params, seq.output_token_ids[-1], len(seq.output_token_ids)
     if n >= params.min_tokens:
-        if token == eos_id and not params.ignore_eos:
+        if token in eos_token_ids and not params.ignore_eos:
             return "stop", None
         if token in params.stop_token_ids:
             return "stop", token
@@ -104,14 +109,14 @@ class Scheduler:
 
     Args:
       config: the engine's settings, resolved for the model (`EngineConfig.resolve`).
-      eos_id: the tokenizer's end-of-text id (a stop rule).
+      eos_token_ids: the tokenizer's end-of-text ids (a stop rule: any of them ends a sequence).
     """
 
-    def __init__(self, config: EngineConfig, eos_id: int):
+    def __init__(self, config: EngineConfig, eos_token_ids: Collection[int]):
         self.kv_cache = KVCacheManager(config.num_gpu_blocks_override, config.block_size,
                                        config.enable_prefix_caching)
         self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
-        self.max_model_len, self.eos_id = config.max_model_len, eos_id
+        self.max_model_len, self.eos_token_ids = config.max_model_len, frozenset(eos_token_ids)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -175,7 +180,7 @@ class Scheduler:
         if token is None:  # a prompt chunk: more of the prompt to go
             return None
         seq.output_token_ids.append(token)  # its keys and values are written by the next step
-        stop = check_stop(seq, self.eos_id, self.max_model_len)
+        stop = check_stop(seq, self.eos_token_ids, self.max_model_len)
         if stop is not None:
             self.finish(seq)
         return stop

@@ -1,6 +1,7 @@
 """An OpenAI-compatible server for `LLM`, like `vllm serve`, on the shared `stacklib.http` layer.
 
     python -m stacklib.infer.serve --model stdlib-bytes --port 8000
+    python -m stacklib.infer.serve --model path/to/Qwen3-0.6B    # a Hugging Face checkpoint folder
 
     POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "stream", ...}
                                 (prompt: a string, token ids, or a batch of either, as OpenAI's)
@@ -34,11 +35,14 @@ refuses the whole request, and none of its prompts stays queued.
 
 Mirrors vLLM's `vllm/entrypoints/openai/api_server.py`, `serving_completion.py` and
 `serving_chat.py` (a subset of the request fields; vLLM's extras `top_k`, `min_p`,
-`min_tokens`, `ignore_eos`, `stop_token_ids` go in the body, with the openai client's
-`extra_body`). Differences: log-probabilities in non-streamed completions only (not in
-chat, not streamed); no tools or response formats, no authentication; the chat template
-is ours (the model is not chat-tuned: it continues the text); a prompt past the context
-is `param` "prompt" or "messages" (vLLM: "input_tokens").
+`min_tokens`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs` go in the body, with
+the openai client's `extra_body`). Chat renders the messages with the model's own chat
+template (tokenizer_config.json's) when its tokenizer has one, else with ours (the book's
+byte-level models are not chat-tuned: they continue the text); a model with a tokenizer but
+no template refuses chat with a 400, as vLLM does. Differences: log-probabilities in
+non-streamed completions only (not in chat, not streamed); no tools or response formats, no
+`--chat-template` override, no authentication; a prompt past the context is `param`
+"prompt" or "messages" (vLLM: "input_tokens").
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ def _start(state: ServerState, body: CompletionRequest | ChatCompletionRequest,
     This runs before a streamed response sends its 200, so a refused request still gets its 400.
     """
     try:
-        return state.engine.add_requests(body.prompts(), body.sampling_params())
+        prompts = body.prompts(state.engine.engine.tokenizer)  # chat: rendered with the model's template
+        return state.engine.add_requests(prompts, body.sampling_params())
     except InvalidRequestError as error:
         raise http.HTTPError(400, str(error), param=body.request_field(error.param)) from None
 
@@ -200,7 +205,8 @@ async def completions(body: CompletionRequest, state: ServerState) -> dict[str, 
 
 async def chat_completions(body: ChatCompletionRequest, state: ServerState,
                            ) -> dict[str, Any] | StreamingResponse:
-    """POST /v1/chat/completions: the messages through our chat template, one choice per `n`."""
+    """POST /v1/chat/completions: the messages through the model's chat template (or ours), one choice
+    per `n`."""
     streams = _start(state, body)
     if body.stream:
         header = _header(state, "chatcmpl", "chat.completion.chunk")
@@ -266,8 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description="An OpenAI-compatible server for a stacklib.llm model, "
                                                  "like `vllm serve`.")
     parser.add_argument("--model", default="stdlib-bytes",
-                        help=f"a zoo name ({', '.join(sorted(zoo.ZOO))}) or a folder holding a model saved "
-                             "in the zoo's format (default: %(default)s)")
+                        help=f"a zoo name ({', '.join(sorted(zoo.ZOO))}), a folder holding a Hugging Face "
+                             "checkpoint (config.json, *.safetensors, tokenizer.json) or a model saved in "
+                             "the zoo's format (default: %(default)s)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="a folder holding tokenizer.json (default: the model folder's; bytes for a "
+                             "zoo name)")
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
@@ -276,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.model not in zoo.ZOO and not os.path.isdir(args.model):
         parser.error(f"--model {args.model!r} is neither a zoo name ({', '.join(sorted(zoo.ZOO))}) nor a "
                      "folder holding a saved model.")
+    if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
+        parser.error(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder that holds "
+                     "tokenizer.json.")
     try:
         config = EngineConfig.from_cli_args(args)  # a bad setting fails before any work
         sock = http.listen_socket(args.host, args.port)  # before loading: a taken port fails at once
-        llm = LLM(args.model, **dataclasses.asdict(config))
-    except (OSError, ValueError) as error:
+        llm = LLM(args.model, tokenizer=args.tokenizer, **dataclasses.asdict(config))
+    except (OSError, ValueError) as error:  # OSError: FileNotFoundError for a missing file too
         parser.error(str(error))
     host, port = sock.getsockname()
     print(f"serving {args.served_model_name or args.model} on http://{host}:{port}/v1", flush=True)

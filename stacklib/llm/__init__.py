@@ -8,6 +8,7 @@
     result = train.train(config)                          # metrics, checkpoints, goodput
     ids = llm.generate(result.model, prompt_ids, 100)     # greedy, with a KV cache
     model, tokenizer = llm.pretrained("stdlib-bytes")     # trained once, cached
+    config, model = llm.hf.load_pretrained("Qwen3-0.6B/") # an open checkpoint (import stacklib.llm.hf)
 
 The pieces, one file each:
   config.py     Config (one dataclass), configs/base.yml, key=value overrides, checks
@@ -22,6 +23,9 @@ The pieces, one file each:
   sample.py     generate: greedy or temperature, with or without a KV cache
   zoo.py        pretrained(name): train once, cache under $STACKLIB_CACHE, safe in parallel
   twin.py       the same model and step in flax.nnx + optax, for parity tests and benchmarks
+  hf.py         Hugging Face checkpoints (config.json + safetensors) of Llama 3 and Qwen3, in and out
+  hf_tokenizer.py  HFTokenizer: an open model's tokenizer.json, chat template and EOS ids
+  hf_tunix.py   the same checkpoints in tunix's Qwen3 and Llama 3, for hf.py's parity tests and chapter 18
 
 Layer 3: it imports nn, optim, data, checkpoint, compile, profile (layer 1) and
 parallel, kernels (layer 2). Each file's docstring says how it differs from MaxText.

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import typing
 
 from stacklib.flat_config import ConfigError, FlatConfig
 
 BASE_CONFIG = pathlib.Path(__file__).parent / "configs" / "base.yml"
+
+# RoPE frequency scalings: none, or Llama 3.1's (chapter 18).
+ROPE_SCALINGS = ("none", "llama3")
 
 # "auto", or one implementation of stacklib.kernels.ATTENTION (chapter 10) by name.
 ATTENTION_CHOICES = ("auto", "xla", "xla_chunked", "pallas", "cudnn")
@@ -51,6 +55,12 @@ class Config(FlatConfig):
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    qk_norm: bool = False
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
     attention: str = "auto"
     attention_block: int = 0
     remat: bool = False
@@ -93,8 +103,35 @@ class Config(FlatConfig):
         _check(self)
 
     def weight_keys(self) -> tuple[str, ...]:
-        """`MODEL_KEYS`: a checkpoint resumes only under the same values (`FlatConfig.check_checkpoint`)."""
-        return MODEL_KEYS
+        """`MODEL_KEYS` and `OPEN_MODEL_KEYS`: a checkpoint resumes only under the same values."""
+        return MODEL_KEYS + OPEN_MODEL_KEYS
+
+    def check_checkpoint(self, saved, where: str) -> None:
+        """`FlatConfig.check_checkpoint`, reading an absent `OPEN_MODEL_KEYS` setting as its default.
+
+        A checkpoint saved before those settings existed was a model without them, which
+        is what their defaults mean.
+        """
+        if saved is not None:
+            saved = {**{key: _DEFAULTS[key] for key in OPEN_MODEL_KEYS}, **saved}
+        super().check_checkpoint(saved, where)
+
+    def to_dict(self) -> dict:
+        """Every setting, except the `OPEN_MODEL_KEYS` left at their defaults.
+
+        So the config saved with a checkpoint of the book's own models reads (and hashes)
+        as it did before chapter 18 added those settings; `load(**saved)` fills them in.
+        """
+        return {key: value for key, value in super().to_dict().items()
+                if key not in OPEN_MODEL_KEYS or value != _DEFAULTS[key]}
+
+    @property
+    def rope_scaling_params(self) -> RopeScaling | None:
+        """Llama 3's RoPE frequency scaling as one value (None without scaling), for `model.rope_angles`."""
+        if self.rope_scaling == "none":
+            return None
+        return RopeScaling(self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                           self.rope_original_max_len)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -116,6 +153,30 @@ MODEL_KEYS = (
 """The settings that decide the parameters' shapes and meaning: a checkpoint fits only a
 model with the same values. (`attention`, `remat` change how it is computed, not what.)"""
 
+OPEN_MODEL_KEYS = (
+    "qk_norm", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+    "rope_original_max_len",
+)
+"""What open-weight families add to the book's architecture (chapter 18: Qwen3's RMSNorm on
+queries and keys, Llama 3's RoPE frequency scaling). They decide what the weights mean too,
+and are off by default, so the book's own models are the architecture they always were."""
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Config)}
+
+
+class RopeScaling(typing.NamedTuple):
+    """Llama 3.1's RoPE frequency scaling (Hugging Face's `rope_scaling` with `rope_type: llama3`).
+
+    Wavelengths shorter than `original_max_len / high_freq_factor` keep their frequency, those
+    longer than `original_max_len / low_freq_factor` are slowed by `factor`, and the ones
+    between are interpolated; see `stacklib.llm.model.rope_frequencies`.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_len: int
+
 
 def _check(c: Config) -> None:
     """Settings that are each fine but cannot work together."""
@@ -129,6 +190,10 @@ def _check(c: Config) -> None:
             raise ConfigError(f"{name}={getattr(c, name)} must be at least 1.")
     if c.attention not in ATTENTION_CHOICES:
         raise ConfigError(f"attention={c.attention!r} is not one of {', '.join(ATTENTION_CHOICES)}.")
+    if c.rope_scaling not in ROPE_SCALINGS:
+        raise ConfigError(f"rope_scaling={c.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}.")
+    if c.rope_scaling == "llama3":
+        _check_rope_scaling(c)
     if c.head_dim % 2:
         raise ConfigError(f"head_dim={c.head_dim} must be even: RoPE rotates pairs of features.")
     if c.n_heads % c.n_kv_heads:
@@ -175,6 +240,18 @@ def _check(c: Config) -> None:
                           "(0: one microbatch per pipeline stage).")
     if c.pipeline_parallelism > 1:
         _check_pipeline(c)
+
+
+def _check_rope_scaling(c: Config) -> None:
+    """Llama 3's scaling: slow the low frequencies (factor >= 1), between two distinct wavelengths."""
+    if c.rope_scaling_factor < 1 or c.rope_original_max_len < 1:
+        raise ConfigError(f"rope_scaling_factor={c.rope_scaling_factor} must be >= 1 and "
+                          f"rope_original_max_len={c.rope_original_max_len} >= 1 (Llama 3.1: 8.0 and 8192).")
+    if not 0 < c.rope_low_freq_factor < c.rope_high_freq_factor:
+        raise ConfigError(
+            f"rope_low_freq_factor={c.rope_low_freq_factor} must be positive and below rope_high_freq_factor="
+            f"{c.rope_high_freq_factor}: the scaling interpolates between those two wavelengths "
+            "(Llama 3.1: 1.0 and 4.0).")
 
 
 def _check_pipeline(c: Config) -> None:

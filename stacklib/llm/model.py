@@ -13,14 +13,17 @@ Parameters are named as in Hugging Face's Llama checkpoints, with flax's layouts
     layers/{i}/self_attn/q_proj/kernel       (d_model, n_heads * head_dim)
     layers/{i}/self_attn/k_proj/kernel       (d_model, n_kv_heads * head_dim)   and v_proj
     layers/{i}/self_attn/o_proj/kernel       (n_heads * head_dim, d_model)
+    layers/{i}/self_attn/q_norm/scale        (head_dim,)  and k_norm   (only with qk_norm: Qwen3)
     layers/{i}/post_attention_layernorm/scale
     layers/{i}/mlp/gate_proj/kernel          (d_model, d_ff)                     and up_proj
     layers/{i}/mlp/down_proj/kernel          (d_ff, d_model)
     norm/scale                               (d_model,)
     lm_head/kernel                           (d_model, vocab)  (absent with tie_embeddings)
 
-so converting a real Llama checkpoint is a rename and a transpose. Each weight also
-carries logical axis names (`nnx.with_partitioning`), which `stacklib.parallel` maps to
+so converting a real Llama or Qwen3 checkpoint is a rename and a transpose (`stacklib.llm.hf`,
+chapter 18). Two options of the config cover what those families add: `qk_norm` (Qwen3 normalises
+each head's queries and keys) and `rope_scaling="llama3"` (Llama 3.1's slower low frequencies).
+Each weight also carries logical axis names (`nnx.with_partitioning`), which `stacklib.parallel` maps to
 mesh axes with `SHARDING_RULES` (train.py).
 
 The forward pass takes explicit `positions` and an optional cache (kv_cache.py: the
@@ -51,7 +54,7 @@ import jax.numpy as jnp
 
 import stacklib.kernels as kernels
 import stacklib.nn as nnx
-from stacklib.llm.config import Config
+from stacklib.llm.config import Config, RopeScaling
 from stacklib.llm.kv_cache import KVCache, PagedKVCache
 
 init = nnx.initializers
@@ -61,13 +64,36 @@ def _partitioned(initializer: Any, *names: str) -> Any:
     return nnx.with_partitioning(initializer, names)
 
 
-def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos and sin of RoPE's rotation angles, each `(*positions.shape, head_dim // 2)`.
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """RoPE's angular frequency of each feature pair, `(head_dim // 2,)` radians per position.
 
-    Pair i of a head's features turns by `position * theta ** (-2i / head_dim)`: fast
-    rotations for the first pairs, slow ones for the last.
+    Pair i turns by `theta ** (-2i / head_dim)` per position: fast rotations for the first
+    pairs, slow ones for the last. With Llama 3's `scaling` (Hugging Face's
+    `rope_type: llama3`), the slow pairs, whose wavelength `2 pi / frequency` is longer
+    than `original_max_len / low_freq_factor`, are slowed by `factor`, so positions far past
+    the pre-training context look like positions inside it; pairs with wavelengths shorter
+    than `original_max_len / high_freq_factor` keep their frequency; the band between is
+    interpolated: `(1 - s) * f / factor + s * f` with `s = (original_max_len / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)`.
     """
     inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # (D/2,)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, original = scaling
+    wavelength = 2 * jnp.pi / inv_freq  # (D/2,) positions per turn
+    smooth = (original / wavelength - low) / (high - low)  # 0 at the long end of the band, 1 at the short
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return jnp.where(wavelength < original / high, inv_freq,  # short wavelengths: unchanged
+                     jnp.where(wavelength > original / low, inv_freq / factor, interpolated))
+
+
+def rope_angles(positions: jax.Array, head_dim: int, theta: float,
+                scaling: RopeScaling | None = None) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of RoPE's rotation angles, each `(*positions.shape, head_dim // 2)`.
+
+    The angle of pair i at position p is `p * rope_frequencies(head_dim, theta, scaling)[i]`.
+    """
+    inv_freq = rope_frequencies(head_dim, theta, scaling)  # (D/2,)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (..., D/2)
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -116,6 +142,10 @@ class Attention(nnx.Module):
                                  kernel_init=_partitioned(kernel, "embed", "kv_heads"))
         self.o_proj = nnx.Linear(h * hd, d, use_bias=False, rngs=rngs,
                                  kernel_init=_partitioned(kernel, "q_heads", "embed"))
+        if config.qk_norm:  # Qwen3: each head's queries and keys are RMS-normalised before RoPE
+            self.q_norm = _norm(config, rngs, hd)
+            self.k_norm = _norm(config, rngs, hd)
+        self.qk_norm = config.qk_norm
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
         self.implementations = attention_implementations(config)
         self.tile = kernels.AttentionConfig(config.attention_block, config.attention_block) \
@@ -127,6 +157,8 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.k_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
         v = self.v_proj(x).reshape(B, T, self.n_kv_heads, self.head_dim)  # (B, T, K, D)
+        if self.qk_norm:  # over each head's D features, one scale shared by all heads
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # training and scoring: row t attends to tokens 0..t of its row
             out = self._attend(q, k, v, is_causal=True, implementation=self.implementations)
@@ -164,8 +196,8 @@ class MLP(nnx.Module):
         return self.down_proj(nnx.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _norm(config: Config, rngs: nnx.Rngs) -> nnx.RMSNorm:
-    return nnx.RMSNorm(config.d_model, epsilon=config.norm_eps, rngs=rngs,
+def _norm(config: Config, rngs: nnx.Rngs, features: int | None = None) -> nnx.RMSNorm:
+    return nnx.RMSNorm(features or config.d_model, epsilon=config.norm_eps, rngs=rngs,
                        scale_init=_partitioned(init.ones, "norm"))
 
 
@@ -237,7 +269,8 @@ class Transformer(nnx.Module):
             )
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))  # (B, T)
-        cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta)  # (B, T, D/2)
+        cos, sin = rope_angles(positions, self.config.head_dim, self.config.rope_theta,  # (B, T, D/2)
+                               self.config.rope_scaling_params)
         x = self.embed_tokens(tokens)  # (B, T, d_model)
         for i, layer in enumerate(self.layers):
             if cache is not None:

@@ -161,7 +161,8 @@ def make_forward(graphdef: nnx.GraphDef, params: Any, config: Config, mesh: Mesh
         """One decoder layer, as the model's loop runs it: (b, T, d_model) -> (b, T, d_model)."""
         b, T, _ = x.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (b, T))  # (b, T): the model's default
-        cos, sin = rope_angles(positions, config.head_dim, config.rope_theta)  # (b, T, head_dim / 2)
+        cos, sin = rope_angles(positions, config.head_dim, config.rope_theta,  # (b, T, head_dim / 2)
+                               config.rope_scaling_params)
         return nnx.merge(layer_def, layer_params)(x, cos, sin, positions)[0]
 
     if config.remat:  # as the model's remat: keep each layer's input, recompute the rest backwards

@@ -11,7 +11,8 @@ Mirrors the interface of Hugging Face's ByT5 tokenizer (`encode`/`decode`, an
 `eos_id`), without its special-token offset: byte b is token b.
 
 Differences from ByT5: no pad/unk tokens and no offset of 3; the document separator
-(`eos_id`) is byte 0 (NUL), which never occurs in source code; no BPE option.
+(`eos_id`) is byte 0 (NUL), which never occurs in source code; no BPE option (a real
+model's BPE tokenizer and chat template: hf_tokenizer.py's `HFTokenizer`, the same interface).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ByteTokenizer:
 
     vocab_size = 256
     eos_id = 0  # separates documents in a packed stream; NUL does not occur in text files
+    eos_token_ids = frozenset({eos_id})  # what generation stops on (a real model may have several)
 
     def encode(self, text: str) -> np.ndarray:
         """The UTF-8 bytes of `text` as int32 ids, shape (len(text.encode()),)."""

@@ -35,7 +35,7 @@ import stacklib.nn as nnx
 from stacklib.checkpoint.zoo import CACHE_ENV as CACHE_ENV  # re-exported: tests and users set it
 from stacklib.checkpoint.zoo import StaleCacheError, cache_root, load_or_build, open_latest, write_atomically
 from stacklib.llm import train
-from stacklib.llm.config import MODEL_KEYS, Config, load_config
+from stacklib.llm.config import MODEL_KEYS, OPEN_MODEL_KEYS, Config, load_config
 from stacklib.llm.model import Transformer
 from stacklib.llm.tokenizer import ByteTokenizer
 
@@ -94,8 +94,9 @@ def load_model_dir(directory: str | os.PathLike, config: Config | None = None) -
                                            "params + config).")
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     if config is None:  # the saved architecture; a training length the model can hold
-        config = load_config(None, **{key: saved[key] for key in MODEL_KEYS}, progress=False,
-                             seq_len=saved["max_seq_len"])
+        architecture = {key: saved[key] for key in MODEL_KEYS}
+        architecture |= {key: saved[key] for key in OPEN_MODEL_KEYS if key in saved}  # absent: the default
+        config = load_config(None, **architecture, progress=False, seq_len=saved["max_seq_len"])
     config.check_checkpoint(saved, str(directory))  # ArchitectureMismatchError for other MODEL_KEYS
     graphdef, abstract = _abstract_params(config)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
