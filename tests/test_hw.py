@@ -17,7 +17,9 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 import nbformat
+import numpy as np
 import pytest
 from conftest import ROOT, run_python
 
@@ -371,3 +373,13 @@ def test_glue_without_myst_nb_shows_the_value_as_a_hosted_notebook_would(monkeyp
 def test_glue_refuses_a_name_a_myst_role_cannot_name():
     with pytest.raises(ValueError, match="letters, digits"):
         hw.glue("two words", 1)
+
+
+def test_glue_hands_myst_nb_a_scalar_array_as_the_number_its_format_spec_can_read(monkeypatch):
+    recorded = []
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display=True: recorded.append(value)
+    monkeypatch.setitem(sys.modules, "myst_nb", fake)
+    assert hw.glue("a", np.float64(0.5)) == 0.5 and hw.glue("b", jnp.int32(3)) == 3
+    assert [type(value) for value in recorded] == [float, int]
+    assert repr(recorded[0]) == "0.5"

@@ -25,10 +25,15 @@ def glue(name: str, value: Any, display: bool = True) -> Any:
       display: also show the value under the cell (MyST-NB's `display`); the book hides it with False.
 
     Returns:
-      `value`, so a cell can write `speedup = glue("speedup", fast / slow)`.
+      `value` (a NumPy or JAX scalar as the Python number), so a cell can write
+      `speedup = glue("speedup", fast / slow)`.
     """
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"glue name {name!r}: use letters, digits, '_' and '-', as MyST roles need")
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        # A NumPy or JAX scalar prints as `np.float64(0.5)` or `Array(0.5, ...)`, which a role's
+        # format spec (`{glue:text}`name:.1f``) cannot read back; the Python number prints as 0.5.
+        value = value.item()
     try:
         from myst_nb import glue as myst_glue
     except ImportError:  # a hosted notebook without the book's tools
