@@ -25,7 +25,7 @@ import stacklib.optim as optax
 from stacklib.infer.quantization import quantize_weights, weight_bytes
 
 LOSS_MARGIN = 0.01  # nats per byte: the int8 model's held-out loss may be at most this much higher
-ACCURACY_MARGIN = 2.0  # points of task accuracy the int8 model may lose (it lost 0.4 on the GRPO model)
+ACCURACY_MARGIN = 2.0  # points of task accuracy the int8 model may lose (chapter 16 shows what it lost)
 
 
 def loss_function(model: nnx.Module) -> Callable[[np.ndarray], float]:

@@ -5,7 +5,7 @@
     from stacklib import diffusion
     model, config = diffusion.pretrained("digits-flow")             # trained once, cached
     out = diffusion.sample(model, labels, key, method="euler", num_steps=20, guidance_scale=2.0)
-    judge = diffusion.metrics.Judge.train()                          # chapter 15's classifier
+    judge = diffusion.metrics.Judge.train()                          # chapter 02's classifier
     judge.accuracy(out.images, labels)
 
 The pieces, one file each:

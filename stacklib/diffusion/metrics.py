@@ -1,4 +1,4 @@
-"""Judging samples with chapter 15's digit classifier: class accuracy and a Fréchet distance.
+"""Judging samples with chapter 02's digit classifier: class accuracy and a Fréchet distance.
 
 A generative model is judged by a second model. For images the standard pair is the
 Inception network's verdicts: the Inception score and the Fréchet Inception Distance (FID,
@@ -36,7 +36,7 @@ from stacklib.nn import digits_classifier
 
 @dataclasses.dataclass
 class Judge:
-    """Chapter 15's classifier in eval mode, as a judge of (N, 8, 8, 1) images in [-1, 1]."""
+    """Chapter 02's classifier in eval mode, as a judge of (N, 8, 8, 1) images in [-1, 1]."""
 
     classifier: digits_classifier.Classifier
 

@@ -226,7 +226,7 @@ PROBLEM_SIZES: dict[str, dict[str, dict[str, int]]] = {
                 "seq_len": 512, "batch_size": 64, "steps": 400, "checkpoint_every": 100,
                 "local_checkpoint_every": 20, "kill_after": 250,
                 "max_corpus_bytes": 50_000_000, "eval_batches": 8},
-        # ~85 M parameters on the real 2x2x2 mesh of 8 chips: 40 M tokens, ~3.5 passes over the corpus.
+        # ~104 M parameters on the real 2x2x2 mesh of 8 chips: 40 M tokens, ~3.5 passes over the corpus.
         "tpu-8": {"d_model": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "head_dim": 64,
                   "d_ff": 3072, "seq_len": 1024, "batch_size": 64, "steps": 600, "checkpoint_every": 150,
                   "local_checkpoint_every": 25, "kill_after": 360,
