@@ -318,3 +318,40 @@ def test_figures_in_code_cells_are_not_prose():
 def test_chapter_prose_states_no_typed_figure_and_no_process_text(path):
     findings = check(path.read_text(), str(path.relative_to(ROOT)))
     assert not findings, f"{len(findings)} sentence(s) to fix:\n" + "\n".join(map(str, findings))
+
+
+# --- glue roles and the cells that glue them ----------------------------------------------------------------
+
+_GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)")
+_GLUE_CALL = re.compile(r"""glue\(\s*(f?)(["'])(.+?)\2""")
+
+
+def unglued_roles(source: str) -> list[str]:
+    """The keys the prose's glue roles name that no `glue("key", ...)` call in the chapter writes.
+
+    A call with an f-string name (`glue(f"acc_{bits}", ...)`) writes every key its pattern matches.
+    The structural book build (tests/test_book.py) executes nothing, so this is where a role
+    whose key was renamed or never glued is caught before `make book` meets it.
+    """
+    written = []
+    for match in _GLUE_CALL.finditer(source):
+        is_f_string, name = match.group(1), match.group(3)
+        pattern = re.escape(name)
+        if is_f_string:
+            pattern = re.sub(r"\\\{[^}]*\\\}", ".+", pattern)  # each {expression} stands for some text
+        written.append(re.compile(pattern + "$"))
+    return sorted({key for key in _GLUE_ROLE.findall(source) if not any(p.match(key) for p in written)})
+
+
+def test_a_glue_role_whose_key_no_cell_glues_is_found():
+    source = ('```{code-cell} ipython3\nglue("speedup", 2.0, display=False)\n'
+              'for bits in (4, 8):\n    glue(f"acc_{bits}", 0.5, display=False)\n```\n\n'
+              "A {glue:text}`speedup:.1f`× gain; int8 keeps {glue:text}`acc_8:.0%`, {glue}`spedup`.\n")
+    assert unglued_roles(source) == ["spedup"]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[path.stem for path in CHAPTERS])
+def test_every_glue_role_names_a_key_the_chapter_glues(path):
+    missing = unglued_roles(path.read_text())
+    assert not missing, (f"{path.name}: glue roles name {missing}, which no code cell glues; add "
+                         "`glue(\"key\", value, display=False)` where the value is computed, or fix the name")
