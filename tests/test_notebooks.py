@@ -120,3 +120,12 @@ def test_the_readme_chapter_table_lists_every_chapter():
     readme = (ROOT / "README.md").read_text()
     for path in notebooks("chapters"):
         assert f"chapters/{path.name}" in readme, f"README's chapter table lacks {path.name}"
+
+
+def test_the_readme_chapter_table_counts_each_chapters_exercises():
+    rows = re.findall(r"^\| (\d\d) \| .* \| (\d+) \|$", (ROOT / "README.md").read_text(), re.M)
+    assert len(rows) == len(notebooks("chapters"))
+    for chapter, count in rows:
+        assert int(count) == len(exercises_of_chapter(chapter)), (
+            f"README's row {chapter} says {count} exercises; stacklib/cases/ch{chapter}.py registers "
+            f"{len(exercises_of_chapter(chapter))}")
