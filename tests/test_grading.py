@@ -22,6 +22,7 @@ from stacklib.grading import (
     numerical_gradient,
 )
 from stacklib.grading.expect import (
+    call_on_copies,
     expect_instance,
     expect_mentions,
     expect_same_across_processes,
@@ -101,6 +102,21 @@ def test_expect_equal_checks_dtypes():
         expect_equal(np.array([1], np.int64), np.array([1], np.int32))
 
 
+def test_a_dataclass_of_arrays_compares_field_by_field_and_its_copy_is_not_a_change():
+    from stacklib.quant.qarray import QArray
+
+    weights = QArray(np.ones((2, 3), np.int8), np.ones((2, 1), np.float32), None, np.int8)
+    assert call_on_copies(lambda q: q.shape, weights) == (2, 3)  # an untouched copy is no change
+
+    def doubles_the_scale_in_place(q):
+        q.scale[...] *= 2  # the NumPy array inside the frozen dataclass
+
+    with pytest.raises(CaseFailure, match="changed its input in place"):
+        call_on_copies(doubles_the_scale_in_place, weights)
+    with pytest.raises(CaseFailure, match=r"the result\.scale: 2 of 2 values differ"):
+        expect_equal(QArray(weights.qvalue, 3 * weights.scale, None, np.int8), weights)
+
+
 def test_numerical_gradient_matches_an_analytic_gradient():
     x = np.array([0.3, -1.2, 2.0])
     np.testing.assert_allclose(numerical_gradient(lambda v: np.sum(np.sin(v) * v), x),
@@ -156,7 +172,7 @@ def test_a_hanging_answer_is_stopped_at_the_time_limit():
             return x * x
         while True:
             try:
-                time.sleep(0.01)
+                sum(range(1000))
             except Exception:  # a learner's broad except must not swallow the stop
                 pass
 
@@ -249,7 +265,7 @@ def test_after_a_timeout_the_exercise_skips_its_other_cases():
     def hangs(x):
         calls.append(x)
         while True:
-            time.sleep(0.01)
+            pass
 
     result = grade("97.slow", hangs)
     assert len(calls) == 1  # one time limit paid, not four: the other cases never call it
@@ -261,15 +277,36 @@ def test_after_a_timeout_the_exercise_skips_its_other_cases():
 
 def test_a_timeout_swallowed_by_a_bare_except_still_counts():
     def swallows_the_stop(x):
-        for _ in range(40):
+        for _ in range(40):  # 0.8 s of CPU in all, past the 0.3 s limit
             try:
-                time.sleep(0.02)
+                start = time.process_time()
+                while time.process_time() - start < 0.02:
+                    pass
             except:  # noqa: E722 - the beginner's bare except this test is about
                 pass
         return x * x
 
     result = grade("97.slow", swallows_the_stop)
     assert statuses(result)[0] == TIMED_OUT
+
+
+def test_the_limit_counts_cpu_time_so_a_slow_machine_does_not_fail_a_right_answer():
+    def waits_then_answers(x):  # 0.5 s of wall-clock time, little CPU: as on a loaded machine
+        time.sleep(0.5)
+        return x * x
+
+    result = grade("97.slow", waits_then_answers)
+    assert statuses(result) == [PASSED] * 4 and result.points == 4
+
+
+def test_an_answer_that_waits_forever_is_stopped_by_the_wall_clock_backstop():
+    def waits_forever(x):
+        time.sleep(60)
+
+    start = time.monotonic()
+    result = grade("97.slow", waits_forever)
+    assert statuses(result) == [TIMED_OUT, SKIPPED, SKIPPED, SKIPPED]
+    assert time.monotonic() - start < 30  # the backstop, a few times the 0.3 s limit, not the 60 s sleep
 
 
 # --- printed output -----------------------------------------------------------------------------

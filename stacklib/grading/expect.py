@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +73,10 @@ def _children(tree: Any) -> list[tuple[str, Any]] | None:
         return [(f".{name}", getattr(tree, name)) for name in tree._fields]
     if isinstance(tree, list | tuple):
         return [(f"[{i}]", child) for i, child in enumerate(tree)]
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        # Compared field by field (a QArray's qvalue and scale), not with the dataclass's `==`,
+        # which cannot compare array fields and would call equal values different.
+        return [(f".{field.name}", getattr(tree, field.name)) for field in dataclasses.fields(tree)]
     return None
 
 
@@ -82,6 +87,8 @@ def _node_kind(tree: Any) -> str:
         return f"dict with keys {sorted(tree, key=repr)}"
     if isinstance(tree, list | tuple):
         return f"{type(tree).__name__} of length {len(tree)}"
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return f"a {type(tree).__name__}"
     return "leaf"
 
 

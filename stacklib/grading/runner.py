@@ -222,15 +222,24 @@ class CaseTimeout(BaseException):
 
 _ALARM_REPEAT_S = 0.1
 
+# A case's limit is on the CPU time the grading process spends (all its threads), so that a
+# grade does not depend on what else the machine is running: a right answer that needs 5 s of
+# CPU passes a 30 s limit at any load. Code that waits without computing (a blocked queue, a
+# sleep) uses no CPU, so a wall-clock backstop stops it too, at a multiple of the limit that
+# leaves room for a loaded machine.
+_WALL_BACKSTOP_FACTOR = 4
+
 
 def _call_with_time_limit(function: Callable[[], None], seconds: float) -> None:
-    """Call `function()`, stopping it with CaseTimeout after `seconds`.
+    """Call `function()`, stopping it with CaseTimeout after `seconds` of CPU time.
 
-    In the main thread of a POSIX process (a Jupyter kernel, pytest) a SIGALRM timer
-    raises CaseTimeout inside the running Python code, which stops even `while True:
-    pass`. Elsewhere, the call runs in a daemon thread that we stop waiting for; the
-    thread cannot be killed, but the grader moves on. Code stuck inside one long C call
-    (a huge XLA computation) is stopped when that call returns.
+    In the main thread of a POSIX process (a Jupyter kernel, pytest) timer signals raise
+    CaseTimeout inside the running Python code, which stops even `while True: pass`:
+    SIGPROF after `seconds` of the process's CPU time, SIGALRM after
+    `_WALL_BACKSTOP_FACTOR * seconds` of wall-clock time, whichever comes first.
+    Elsewhere, the call runs in a daemon thread that we stop waiting for after `seconds`
+    of wall-clock time; the thread cannot be killed, but the grader moves on. Code stuck
+    inside one long C call (a huge XLA computation) is stopped when that call returns.
     """
     if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
         _call_with_alarm(function, seconds)
@@ -239,11 +248,11 @@ def _call_with_time_limit(function: Callable[[], None], seconds: float) -> None:
 
 
 def _call_with_alarm(function: Callable[[], None], seconds: float) -> None:
-    """The SIGALRM version of `_call_with_time_limit`.
+    """The timer-signal version of `_call_with_time_limit`.
 
-    A bare `except:` catches CaseTimeout too. So a call that the alarm interrupted
+    A bare `except:` catches CaseTimeout too. So a call that a timer interrupted
     counts as timed out even if it then returned (a fallback value earns no points),
-    and the alarm repeats until the call ends, so code that carries on after
+    and the timers repeat until the call ends, so code that carries on after
     swallowing one stop meets the next. (A loop that swallows every stop inside its
     `try` cannot be stopped from within Python; restarting the kernel can.)
     """
@@ -254,17 +263,21 @@ def _call_with_alarm(function: Callable[[], None], seconds: float) -> None:
             alarm.rang = True
             raise CaseTimeout
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, _ALARM_REPEAT_S)
+    timers = {signal.SIGPROF: (signal.ITIMER_PROF, seconds),
+              signal.SIGALRM: (signal.ITIMER_REAL, seconds * _WALL_BACKSTOP_FACTOR)}
+    previous = {signum: signal.signal(signum, on_alarm) for signum in timers}
+    for timer, after in timers.values():
+        signal.setitimer(timer, after, _ALARM_REPEAT_S)
     try:
         function()
     except BaseException:
         if not alarm.rang:
             raise
     finally:
-        alarm.armed = False  # first, so that an alarm already on its way is ignored
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        _restore_handler(signal.SIGALRM, previous)
+        alarm.armed = False  # first, so that a signal already on its way is ignored
+        for signum, (timer, _) in timers.items():
+            signal.setitimer(timer, 0)
+            _restore_handler(signum, previous[signum])
     if alarm.rang:
         raise CaseTimeout
 
@@ -583,7 +596,7 @@ def _diagnose(error: BaseException, case: Case, answer: Any, calls: _Calls) -> t
         return FAILED, _with_hint(message, case, getattr(error, "hint", None))
     if isinstance(error, CaseTimeout):
         return TIMED_OUT, (
-            f"stopped at the {case.time_limit_s:g} s time limit: look for a loop that never "
+            f"stopped at the {case.time_limit_s:g} s time limit (CPU time): look for a loop that never "
             "ends, or for a slow Python loop that array operations could replace."
         )
     where = _where_in_learner_code(error, case)
