@@ -180,6 +180,36 @@ def vmem_in_kib(bm, bn, bk, itemsize):  # KiB, not bytes
     return matmul_vmem_bytes(bm, bn, bk, itemsize) // 1024
 
 
+def cast_to_the_input_dtype_kernel(gate_ref, up_ref, o_ref):  # right while the output has the inputs' dtype
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref[...] = (jax.nn.silu(gate) * up).astype(gate_ref.dtype)
+
+
+def returning_kernel(gate_ref, up_ref, o_ref):  # returns the block instead of storing it into o_ref
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    return (jax.nn.silu(gate) * up).astype(o_ref.dtype)
+
+
+def rebinding_kernel(gate_ref, up_ref, o_ref):  # `o_ref = ...` rebinds the name: the output is never written
+    gate, up = gate_ref[...].astype(jnp.float32), up_ref[...].astype(jnp.float32)
+    o_ref = (jax.nn.silu(gate) * up).astype(o_ref.dtype)
+
+
+# Fresh wrong answers a learner writes (issue 38).
+FRESH = [
+    ("09.transposed_index_map", lambda i, j, k: (i, j, k), 0, "returns the grid indices themselves"),
+    ("09.transposed_index_map", lambda i, j, k: (k, i), 0, "x's map (i, k) transposed"),
+    ("09.transposed_index_map", lambda i, j, k: (0, k), 0, "assumes N is one block"),
+    # Pallas clamps a block index past the end, so with two blocks per axis offset 16 reads block 1: the
+    # square case passes by accident and only the three-block rectangular case shows the mistake.
+    ("09.transposed_index_map", lambda i, j, k: (j * 16, k * 16), 2,
+     "element offsets (blocks of 16), not block indices"),
+    ("09.fused_kernel", cast_to_the_input_dtype_kernel, 3, "casts to gate_ref.dtype, not the output's"),
+    ("09.fused_kernel", returning_kernel, 0, "returns the result instead of storing it"),
+    ("09.fused_kernel", rebinding_kernel, 0, "rebinds o_ref instead of storing into o_ref[...]"),
+]
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("09.transposed_index_map", lambda i, j, k: (k, j), 0, "the untransposed map (k, j)"),
@@ -221,7 +251,7 @@ WRONG = [
     ("09.fused_kernel", silu_of_up_kernel, 0, "silu of the wrong input"),
     ("09.fused_kernel", uncast_kernel, 2, "does not cast to the output dtype"),
     ("09.fused_kernel", bfloat16_kernel, 3, "computes in bfloat16"),
-    ("09.fused_kernel", always_bfloat16_kernel, 2, "casts to bfloat16, not to o_ref.dtype"),
+    ("09.fused_kernel", always_bfloat16_kernel, 1, "casts to bfloat16, not to o_ref.dtype"),
     ("09.causal_block_skip", live_last_row_against_the_last_key, 4, "the blocks' last key against last row"),
     ("09.causal_block_skip", live_one_past_the_block, 0, "one row past the query block"),
     ("09.causal_block_skip", live_with_python_and, 6, "`and` on traced indices"),
@@ -233,6 +263,7 @@ WRONG = [
     ("09.fused_kernel", numpy_in_the_kernel, 0, "np.exp inside the kernel"),
     ("09.matmul_vmem", vmem_blocks_mixed_up, 0, "x's block as (block_m, block_n)"),
     ("09.matmul_vmem", vmem_in_kib, 0, "KiB, not bytes"),
+    *FRESH,
 ]
 
 

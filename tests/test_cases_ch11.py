@@ -246,6 +246,46 @@ def bfloat16_adapters(d_in, d_out, rank, bits, tile_size=None):  # adapters at 2
     return {**parts, "adapters": parts["adapters"] // 2}
 
 
+def returns_integer_codes(x, scale):  # forgets to multiply back by scale: int8 codes, not values
+    q = jnp.clip(jnp.round(x / scale), -128, 127)
+    return x + jax.lax.stop_gradient(q - x)
+
+
+def multiplies_by_scale(x, scale):  # x * scale to quantize, / scale to dequantize: the scale inverted
+    q = jnp.clip(jnp.round(x * scale), -128, 127) / scale
+    return x + jax.lax.stop_gradient(q - x)
+
+
+def returns_the_rule(rules, path, op_name):  # the rule itself, not its index
+    for rule in rules:
+        if re.fullmatch(rule.module_path, path) and (not rule.op_names or op_name in rule.op_names):
+            return rule
+    return None
+
+
+def most_specific_rule_wins(rules, path, op_name):  # the longest matching pattern, not the first
+    matches = [i for i, r in enumerate(rules)
+               if re.fullmatch(r.module_path, path) and (not r.op_names or op_name in r.op_names)]
+    return max(matches, key=lambda i: len(rules[i].module_path)) if matches else None
+
+
+def op_name_equals_op_names(rules, path, op_name):  # == on the tuple: a rule with op_names never matches
+    for index, rule in enumerate(rules):
+        if re.fullmatch(rule.module_path, path) and (not rule.op_names or op_name == rule.op_names):
+            return index
+    return None
+
+
+# Fresh wrong answers a learner writes (issue 38).
+FRESH = [
+    ("11.fake_quant", returns_integer_codes, 4, "returns the int8 codes, not codes * scale"),
+    ("11.fake_quant", multiplies_by_scale, 4, "multiplies by scale where it divides"),
+    ("11.which_rule", returns_the_rule, 0, "returns the rule, not its index"),
+    ("11.which_rule", most_specific_rule_wins, 4, "the most specific (longest) pattern wins"),
+    ("11.which_rule", op_name_equals_op_names, 4, "op_name == op_names, not `in`"),
+]
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("11.tiled_scales", scales_over_127, 0, "divides by 127, not 127.5 (the zero tile too)"),
@@ -286,6 +326,7 @@ WRONG = [
     ("11.fake_quant", straight_through_without_stop_gradient, 4, "x + (q - x) without stop_gradient"),
     ("11.qlora_bytes", float16_scales, 3, "float16 scales"),
     ("11.qlora_bytes", bfloat16_adapters, 4, "bfloat16 adapters"),
+    *FRESH,
 ]
 
 

@@ -1,6 +1,7 @@
 """Chapter 12's exercise cases: right answers score full marks, planted wrong ones lose points."""
 
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -374,10 +375,9 @@ def gqa_softmax_over_queries(q, k, v, q_positions, k_positions):  # normalised o
     return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(B, T, H, D)
 
 
-def flops_causal_half_exactly(*args, **kwargs):  # T / 2 keys, not (T + 1) / 2
-    d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, seq_len, causal = args
-    full = flops_per_token(*args[:-1], False)
-    return full - (3 * n_layers * 2 * 2 * (seq_len / 2) * n_heads * head_dim if causal else 0)
+def flops_causal_halves_everything(**sizes):  # causal=True read as half of every FLOP, weights included
+    full = flops_per_token(**{**sizes, "causal": False})
+    return full / 2 if sizes["causal"] else full
 
 
 def pack_int64(documents, seq_len, eos_id):  # NumPy's default integer, not int32
@@ -395,6 +395,102 @@ def goodput_of_step_time(log):  # productive over all step time, not over the wa
     result = goodput(log)
     steps = sum(e["seconds"] for e in log if e["event"] == "step")
     return dict(result, goodput=result["productive"] / steps)
+
+
+def rope_frequencies_from_one(x, positions, theta):  # j = 1 .. D/2, not 0 .. D/2 - 1: off by one
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-2 * jnp.arange(1, half + 1, dtype=jnp.float32) / x.shape[-1])
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq
+    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope_halves_swapped(x, positions, theta):  # concatenates (x2', x1'): the rotated halves exchanged
+    half = x.shape[-1] // 2
+    rotated = apply_rope(x, positions, theta)
+    return jnp.concatenate([rotated[..., half:], rotated[..., :half]], axis=-1)
+
+
+def rope_interleaved_output(x, positions, theta):  # halves paired, then stacked as neighbours (Meta's layout)
+    half = x.shape[-1] // 2
+    rotated = apply_rope(x, positions, theta)
+    return jnp.stack([rotated[..., :half], rotated[..., half:]], axis=-1).reshape(x.shape)
+
+
+def _grouped_scores(q, k, q_positions, k_positions):
+    """The right scores (B, K, G, T, S) and mask (B, 1, 1, T, S), for answers that go wrong after them."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(B, T, K, H // K, D), k) / np.sqrt(D)
+    return scores, (k_positions[:, None, :] <= q_positions[:, :, None])[:, None, None]
+
+
+def gqa_masked_with_zero(q, k, v, q_positions, k_positions):  # a masked score of 0 still gets weight
+    scores, mask = _grouped_scores(q, k, q_positions, k_positions)
+    weights = jax.nn.softmax(jnp.where(mask, scores, 0.0), axis=-1)
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(q.shape)
+
+
+def gqa_masked_after_the_softmax(q, k, v, q_positions, k_positions):  # zeroed weights, not renormalised
+    scores, mask = _grouped_scores(q, k, q_positions, k_positions)
+    weights = jax.nn.softmax(scores, axis=-1) * mask
+    return jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(q.shape)
+
+
+def gqa_reshaped_without_transposing(q, k, v, q_positions, k_positions):  # (B, K, G, T, D) as (B, T, H, D)
+    scores, mask = _grouped_scores(q, k, q_positions, k_positions)
+    weights = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bkgts,bskd->bkgtd", weights, v).reshape(q.shape)  # right only when T == 1
+
+
+def goodput_other_beside_the_steps_only(log):  # other = wall - step time: compile, input, saves counted twice
+    result = goodput(log)
+    wall = result["productive"] / result["goodput"]
+    return dict(result, other=wall - result["productive"] - result["lost"])
+
+
+def goodput_last_job_productive(log):  # only the final job's steps survive, not the earlier ones it kept
+    steps = sum(e["seconds"] for e in log if e["event"] == "step")
+    last_job = []
+    for e in log:
+        if e["event"] == "start":
+            last_job = []
+        elif e["event"] == "step":
+            last_job.append(e["seconds"])
+    return _with_steps(log, sum(last_job), steps - sum(last_job))
+
+
+def goodput_repeated_steps_all_lost(log):  # every run of a repeated step lost, its last run included
+    runs = {}
+    for e in log:
+        if e["event"] == "step":
+            runs.setdefault(e["step"], []).append(e["seconds"])
+    productive = sum(seconds[0] for seconds in runs.values() if len(seconds) == 1)
+    return _with_steps(log, productive, sum(sum(seconds) for seconds in runs.values() if len(seconds) > 1))
+
+
+def goodput_input_counted_as_productive(log):  # the input wait taken as part of the step
+    result = goodput(log)
+    wall = result["productive"] / result["goodput"]
+    productive = result["productive"] + result["input"]
+    return dict(result, productive=productive, other=result["other"] - result["input"],
+                goodput=productive / wall)
+
+
+# Fresh wrong answers a learner writes (issue 38).
+FRESH = [
+    ("12.rope", rope_frequencies_from_one, 2, "frequencies for j = 1 .. D/2"),
+    ("12.rope", rope_halves_swapped, 1, "the rotated halves concatenated in the wrong order"),
+    ("12.rope", rope_interleaved_output, 1, "the rotated halves interleaved"),
+    ("12.gqa_attention", gqa_masked_with_zero, 0, "masked scores set to 0, not -inf"),
+    ("12.gqa_attention", gqa_masked_after_the_softmax, 0, "masked after the softmax, not renormalised"),
+    ("12.gqa_attention", gqa_reshaped_without_transposing, 2, "(B, K, G, T, D) reshaped without transposing"),
+    ("12.goodput", goodput_other_beside_the_steps_only, 0, "other = wall - step time"),
+    ("12.goodput", goodput_last_job_productive, 3, "only the last job's steps are productive"),
+    ("12.goodput", goodput_repeated_steps_all_lost, 3, "every run of a repeated step is lost"),
+    ("12.goodput", goodput_input_counted_as_productive, 1, "input time counted as productive"),
+]
 
 
 # (exercise, planted wrong answer, points it should still get, why)
@@ -443,10 +539,11 @@ WRONG = [
     ("12.rope", rope_sin_cos_swapped, 1, "sin and cos exchanged"),
     ("12.gqa_attention", gqa_repeat_tiled, 3, "kv heads tiled, not repeated"),
     ("12.gqa_attention", gqa_softmax_over_queries, 0, "softmax over the queries"),
-    ("12.flops_per_token", flops_causal_half_exactly, 0, "causal attention as T / 2 keys, in floats"),
+    ("12.flops_per_token", flops_causal_halves_everything, 6, "causal halves the whole count"),
     ("12.pack", pack_int64, 0, "int64 records"),
     ("12.pack", pack_eos_before, 1, "eos before each document"),
     ("12.goodput", goodput_of_step_time, 1, "goodput over the step time, not the wall time"),
+    *FRESH,
 ]
 
 

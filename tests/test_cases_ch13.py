@@ -385,6 +385,41 @@ def kl_k3_of_log_space(logps, ref_logps, method):  # k3 with the ratio's log whe
     return kl_divergence(logps, ref_logps, method)
 
 
+def kl_k2_half_inside_the_square(logps, ref_logps, method):  # (0.5 * d) ** 2: a quarter, not a half
+    if method == "mse_kl":
+        return (0.5 * (ref_logps - logps)) ** 2
+    return kl_divergence(logps, ref_logps, method)
+
+
+def kl_summed_over_tokens(logps, ref_logps, method):  # one KL per sequence, not one per token
+    return kl_divergence(logps, ref_logps, method).sum(axis=-1)
+
+
+def kl_in_numpy(logps, ref_logps, method):  # right values, but NumPy cannot be differentiated
+    d = np.asarray(ref_logps) - np.asarray(logps)
+    if method == "kl":
+        return -d
+    if method == "mse_kl":
+        return 0.5 * d**2
+    return np.exp(d) - d - 1
+
+
+def kl_k3_ratio_inverted(logps, ref_logps, method):  # e^(-d) - d - 1: the ratio and its log disagree
+    if method == "low_var_kl":
+        d = ref_logps - logps
+        return jnp.exp(-d) - d - 1
+    return kl_divergence(logps, ref_logps, method)
+
+
+# Fresh wrong answers a learner writes (issue 38).
+FRESH = [
+    ("13.kl_estimator", kl_k2_half_inside_the_square, 3, "k2 as (d / 2)²"),
+    ("13.kl_estimator", kl_summed_over_tokens, 0, "summed over each sequence's tokens"),
+    ("13.kl_estimator", kl_in_numpy, 2, "NumPy: k3 cannot be differentiated"),
+    ("13.kl_estimator", kl_k3_ratio_inverted, 2, "k3 with e^(-d)"),
+]
+
+
 # (exercise, planted wrong answer, points it should still get, why)
 WRONG = [
     ("13.completion_loss", loss_with_prompt, 1, "prompt tokens in the loss"),
@@ -437,6 +472,7 @@ WRONG = [
     ("13.clipped_objective", policy_ratio_of_probabilities_clipped_at_advantage_sign, 5,
      "clips only where the advantage is positive"),
     ("13.kl_estimator", kl_k3_of_log_space, 2, "k3 as d² / 2"),
+    *FRESH,
 ]
 
 

@@ -303,10 +303,11 @@ def bfloat16_blocks_with_a_float32_accumulator(fn):
 fused_kernel = Exercise("09.fused_kernel", "A fused SwiGLU kernel of your own")
 
 
-def _run_swiglu(kernel, gate, up):
+def _run_swiglu(kernel, gate, up, out_dtype=None):
+    """The learner's kernel on (8, 128) blocks; the output is `out_dtype`, the inputs' dtype by default."""
     spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
     return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct(gate.shape, gate.dtype),
+        kernel, out_shape=jax.ShapeDtypeStruct(gate.shape, out_dtype or gate.dtype),
         grid=(gate.shape[0] // 8, gate.shape[1] // 128),
         in_specs=[spec, spec], out_specs=spec, interpret=True,
     )(gate, up)
@@ -336,12 +337,18 @@ def _swiglu_in_float32(gate16, up16):
 
 @fused_kernel.case(time_limit_s=KERNEL_TIME_LIMIT_S,
                    hint="With bfloat16 inputs the kernel must still compute silu(gate) * up and store it "
-                        "in the output's dtype, bfloat16 here (a ref accepts only values of its own dtype).")
+                        "in the output's dtype, which is not always the inputs': bfloat16 in the first call "
+                        "here, float32 in the second (a ref accepts only values of its own dtype).")
 def bfloat16_inputs_work(kernel):
     gate16, up16 = _bfloat16_inputs(seed=22)
     got = _run_swiglu(kernel, gate16, up16)  # its out_shape makes the output bfloat16
     expect_close(got.astype(jnp.float32), _swiglu_in_float32(gate16, up16), rtol=2**-6, atol=1e-6,
                  what="the bfloat16 output (within a few bfloat16 roundings)")
+    # The output's dtype need not be the inputs' (a mixed-precision layer may keep its activations in
+    # float32): a kernel that casts to gate_ref.dtype passes every other check and fails here.
+    got = _run_swiglu(kernel, gate16, up16, out_dtype=jnp.float32)
+    expected = jax.nn.silu(gate16.astype(jnp.float32)) * up16.astype(jnp.float32)
+    expect_close(got, expected, rtol=2**-6, atol=1e-6, what="the float32 output of bfloat16 inputs")
 
 
 @fused_kernel.case(time_limit_s=KERNEL_TIME_LIMIT_S,

@@ -115,7 +115,7 @@ def runs_under_jit(fake_quant_fn):
 
 # ---------------------------------------------------------------- 11.which_rule
 
-which_rule = Exercise("11.which_rule", "Which rule matches a module path")
+which_rule = Exercise("11.which_rule", "Which rule matches a module path", none_is_an_answer=True)
 
 _RULES = [
     quant.QuantizationRule(module_path="blocks/0/.*", weight_qtype=jnp.int8),

@@ -366,3 +366,13 @@ def k2(kl_fn):
                                   "of the formula; it is 0 where the two log-probs agree.")
 def k3(kl_fn):
     _check_kl(kl_fn, "low_var_kl", "method='low_var_kl'", 20)
+    # The estimate is a term of the GRPO loss that jax.grad differentiates (beta * KL), so it must
+    # trace: a NumPy estimator gives the right values above and cannot be differentiated.
+    logps = _random(20, (3, 5), 0.7) - 2.0  # the inputs of the value check above
+    ref_logps = logps + _random(21, (3, 5), 0.5)
+    expected = 1.0 - np.exp(ref_logps.astype(np.float64) - logps)  # d/dlogp of e^d - d - 1, d = ref - logp
+    grad = jax.grad(lambda lp: jnp.sum(kl_fn(lp, jnp.asarray(ref_logps), "low_var_kl")))(jnp.asarray(logps))
+    expect_close(np.asarray(grad, np.float64), expected, rtol=1e-4, atol=1e-6,
+                 what="jax.grad of sum(low_var_kl) with respect to logps",
+                 hint="The KL penalty is part of the loss jax.grad differentiates: build the estimate with "
+                      "jax.numpy operations on the arrays you are given.")

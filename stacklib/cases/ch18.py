@@ -4,8 +4,10 @@ RoPE frequency scaling, and tied embeddings.
 Expected answers come from `stacklib.llm.hf` (`tensor_map`: which tensors are transposed),
 `stacklib.llm.model.rope_frequencies` (checked against Meta's reference code in
 tests/test_llm_hf.py) or are written out here in NumPy. Inputs are handed over as copies
-(`call_on_copies`). Every case runs on small random arrays in well under a second; none builds a
-model.
+(`call_on_copies`), so an answer that edits the checkpoint's arrays or dict in place fails with its own
+message. The weights the statements ask for are float32, as the file hands them over, and that is
+checked: a float64 copy has the right values at twice the memory, and a bfloat16 one rounds them. Every
+case runs on small random arrays in well under a second; none builds a model.
 """
 
 import math
@@ -21,9 +23,15 @@ def _random(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _expect_array(got, shape, what: str) -> np.ndarray:
+def _expect_array(got, shape, what: str, *, float32: bool = True) -> np.ndarray:
+    """`got` as a NumPy array, once it is known to be an array of `shape` (float32 unless told otherwise)."""
     expect(hasattr(got, "shape"), f"{what}: expected an array, got {type(got).__name__}")
     expect(tuple(got.shape) == tuple(shape), f"{what}: expected shape {tuple(shape)}, got {tuple(got.shape)}")
+    if float32:  # the values alone do not tell a float64 copy of a float32 weight
+        dtype = np.dtype(got.dtype)
+        expect(dtype == np.float32, f"{what}: expected dtype float32, got {dtype}",
+               hint="Keep the checkpoint's dtype: the weight comes in as float32 and our parameter is "
+                    "float32. A float64 copy doubles the memory; a bfloat16 one rounds the values.")
     return np.asarray(got)
 
 
@@ -45,11 +53,16 @@ def _check_tensor(fn, name: str, shape, seed: int) -> None:
 
 
 @to_ours.case(points=3, hint="PyTorch's nn.Linear stores weight as (out, in) and computes x @ weight.T; "
-                             "our kernel is (in, out). Every projection's weight is transposed: .T, not a "
-                             "reshape.")
+                             "our kernel is (in, out). Every projection's weight is transposed (q, k, v "
+                             "and o in attention; gate, up and down in the MLP): .T, not a reshape.")
 def projections_are_transposed(fn):
+    """All seven projections of a layer: an answer that lists names must not miss one (o_proj, say)."""
     _check_tensor(fn, "model.layers.0.self_attn.q_proj.weight", (16, 16), 0)  # square: a reshape looks right
     _check_tensor(fn, "model.layers.0.self_attn.k_proj.weight", (8, 16), 1)
+    _check_tensor(fn, "model.layers.0.self_attn.v_proj.weight", (8, 16), 7)
+    _check_tensor(fn, "model.layers.0.self_attn.o_proj.weight", (16, 16), 8)
+    _check_tensor(fn, "model.layers.0.mlp.gate_proj.weight", (24, 16), 9)
+    _check_tensor(fn, "model.layers.0.mlp.up_proj.weight", (24, 16), 14)
     _check_tensor(fn, "model.layers.0.mlp.down_proj.weight", (16, 24), 2)
 
 
@@ -130,7 +143,8 @@ def _check_frequencies(fn, head_dim, theta, factor, low, high, original, *, only
     what = (f"llama3_frequencies(head_dim={head_dim}, theta={theta}, factor={factor}, low_freq_factor={low}, "
             f"high_freq_factor={high}, original_max_len={original})")
     got = _expect_array(call_on_copies(fn, head_dim, theta, factor, low, high, original,
-                                       what="llama3_frequencies"), expected.shape, what)
+                                       what="llama3_frequencies"), expected.shape, what,
+                        float32=False)  # the statement allows float64 or float32; rtol 2e-6 holds for both
     if only is not None:  # the pairs a case is about
         got, expected, what = got[only], expected[only], f"{what}, pairs {only.start or 0}..{only.stop}"
     expect_close(np.asarray(got, np.float64), expected, rtol=2e-6, atol=0, what=what)
