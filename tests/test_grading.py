@@ -379,6 +379,21 @@ def test_a_failure_that_names_none_asks_about_return_too():
     assert "forget `return`" not in grade("98.square", lambda x: x + x).cases[0].message
 
 
+# An exercise where None is a right answer for some inputs ("no rule matches").
+first_even = Exercise("97.first_even", "The first even number, or None", none_is_an_answer=True)
+
+
+@first_even.case(hint="Return None only when no number is even.")
+def finds_the_first_even_number(fn):
+    expect_equal(fn([1, 4, 6]), 4)
+
+
+def test_where_none_is_an_answer_a_none_is_not_called_a_forgotten_return():
+    message = grade("97.first_even", lambda numbers: None).cases[0].message
+    assert message.startswith("at the top: expected leaf, got None")
+    assert "forget `return`" not in message and "Hint: Return None only when" in message
+
+
 def test_a_result_the_grader_cannot_use_is_named_as_such():
     result = grade("97.rows", lambda matrix: 3)
     assert result.cases[0].message.startswith(

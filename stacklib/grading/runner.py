@@ -96,6 +96,9 @@ class Exercise:
     exercise_id: str
     title: str
     cases: list[Case] = dataclasses.field(default_factory=list)
+    # Where None is a right answer for some inputs ("no rule matches"), a failure must not
+    # suggest that returning None means a forgotten `return`.
+    none_is_an_answer: bool = False
 
     def __post_init__(self):
         chapter, _, name = self.exercise_id.partition(".")
@@ -402,6 +405,7 @@ class _OutputExcerpt(io.TextIOBase):
 class _Calls:
     """What the learner's function did during one case, as `_watched` saw it."""
 
+    none_is_an_answer: bool = False  # the exercise's: then returning None is not the mistake
     returned_none: bool = False
     last_result_type: str = ""
     per_device_note: str = ""  # set when the last result looks like one value per device
@@ -425,7 +429,7 @@ def _watched(answer: Any, calls: _Calls) -> Any:
         except BaseException as error:
             calls.escaped.append(error)
             raise
-        calls.returned_none |= result is None
+        calls.returned_none |= result is None and not calls.none_is_an_answer
         calls.last_result_type = type(result).__name__
         calls.per_device_note = _per_device_note(result, devices_only=True)
         return result
@@ -626,7 +630,7 @@ def _result(case: Case, status: str, message: str = "", output: str = "") -> Cas
     return CaseResult(case.name, status, points, case.points, _shortened(message), output)
 
 
-def run_case(case: Case, answer: Any) -> CaseResult:
+def run_case(case: Case, answer: Any, *, none_is_an_answer: bool = False) -> CaseResult:
     """Run one case against the learner's answer and score it.
 
     Every exception, SystemExit and KeyboardInterrupt included, becomes an outcome; only
@@ -639,7 +643,7 @@ def run_case(case: Case, answer: Any) -> CaseResult:
             f"expected your function or class, got {type(answer).__name__} {answer!r:.60}: "
             "pass the function itself, by its name and without calling it, "
             "as in check('00.softmax', softmax)"))
-    calls = _Calls()
+    calls = _Calls(none_is_an_answer=none_is_an_answer)
     output = _OutputExcerpt()
     with (_real_interrupts_stop_the_check(),
           contextlib.redirect_stdout(output), contextlib.redirect_stderr(output)):
@@ -662,5 +666,5 @@ def grade(exercise_id: str, answer: Any) -> ExerciseResult:
         if any(result.status == TIMED_OUT for result in results):
             results.append(_result(case, SKIPPED, SKIPPED_AFTER_TIMEOUT))
         else:
-            results.append(run_case(case, answer))
+            results.append(run_case(case, answer, none_is_an_answer=exercise.none_is_an_answer))
     return ExerciseResult(exercise.exercise_id, exercise.title, tuple(results))
