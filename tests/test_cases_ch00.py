@@ -191,6 +191,27 @@ def softmax_dividing_by_the_max(logits, axis=-1):
     return exps / exps.sum(axis=axis, keepdims=True)
 
 
+def count_the_flattened_pair(tree):
+    return sum(np.size(part) for part in jax.tree.flatten(tree))  # (leaves, treedef), not the leaves
+
+
+def softmax_for_2d_logits(logits, axis=-1):
+    exps = jnp.exp(logits - logits.max(axis=axis)[:, None])  # adds the axis back at position 1: 2-D only
+    return exps / exps.sum(axis=axis)[:, None]
+
+
+def pairwise_expanded_without_new_axes(x, y):
+    return (x**2).sum(1) + (y**2).sum(1) - 2 * x @ y.T  # (n,) + (m,): the norms never broadcast to (n, m)
+
+
+def pairwise_expanded_without_the_two(x, y):
+    return (x**2).sum(1)[:, None] + (y**2).sum(1)[None, :] - x @ y.T  # the cross term once, not twice
+
+
+def pairwise_summing_the_wrong_axis(x, y):
+    return jnp.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=1)  # sums over y's rows, not the features
+
+
 # Fresh wrong answers a learner writes (issue 38), beside the planted classes above.
 FRESH = [
     ("00.count_params", lambda tree: sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree)), 0,
@@ -199,6 +220,7 @@ FRESH = [
      "the largest leaf, not the sum"),
     ("00.count_params", count_top_level_values, 1, "looks one level deep only"),
     ("00.count_params", count_from_shapes, 4, "math.prod of .shape: a Python float has none"),
+    ("00.count_params", count_the_flattened_pair, 0, "sums over jax.tree.flatten's (leaves, treedef)"),
     ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: a * (xl + yl), x, y), 0, "a * (x + y)"),
     ("00.tree_axpy", lambda a, x, y: jax.tree.map(lambda xl, yl: np.asarray(a * xl + yl), x, y), 2,
      "converts each leaf with np.asarray: fails under jit"),
@@ -206,9 +228,14 @@ FRESH = [
     ("00.softmax", stable_softmax_normalised_over_everything, 0, "stable, but one sum over everything"),
     ("00.softmax", log_softmax, 0, "returns log-probabilities"),
     ("00.softmax", softmax_dividing_by_the_max, 0, "divides by the maximum instead of subtracting it"),
+    ("00.softmax", softmax_for_2d_logits, 4, "adds the reduced axis back with [:, None]: 2-D logits only"),
     ("00.pairwise_sq_dists", lambda x, y: jnp.mean((x[:, None, :] - y[None, :, :]) ** 2, axis=-1), 0,
      "the mean over features, not the sum"),
     ("00.pairwise_sq_dists", lambda x, y: jnp.sum((x - y) ** 2, axis=-1), 0, "no broadcasting: x - y"),
+    ("00.pairwise_sq_dists", pairwise_expanded_without_new_axes, 0, "|x|^2 + |y|^2 - 2 x.y without new axes"),
+    ("00.pairwise_sq_dists", pairwise_expanded_without_the_two, 0, "|x|^2 + |y|^2 - x.y: the 2 left out"),
+    ("00.pairwise_sq_dists", lambda x, y: x @ y.T, 0, "dot products (attention scores), not distances"),
+    ("00.pairwise_sq_dists", pairwise_summing_the_wrong_axis, 0, "sums over axis 1, the rows of y"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 import re
 
+import jax
 import numpy as np
 import pytest
 from conftest import ROOT
@@ -458,25 +459,71 @@ def jacfwd_by_vmapping_over_the_outputs(f):
     return jacobian
 
 
+def tanh_jvp_at_the_tangent(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return lax.tanh(x), lax.mul(t, lax.sub(1.0, lax.integer_pow(lax.tanh(t), 2)))  # tanh'(t), not tanh'(x)
+
+
+def transpose_into_the_leading_axes(ct, operand, *, axes):
+    shape = operand.aval.shape
+    return [lax.broadcast_in_dim(ct, shape, list(range(len(shape) - len(axes))))]  # last axes summed?
+
+
+def batch_with_reduce_max(batched_args, batch_dims, *, axes):
+    (x,), (d,) = batched_args, batch_dims
+    return lax.reduce_max(x, [a + (a >= d) for a in axes]), d - sum(a < d for a in axes)  # max, not sum
+
+
+def logistic_with_jax_sigmoid(logistic_p):
+    define_logistic(logistic_p)
+    logistic_p.def_impl(jax.nn.sigmoid)  # the real JAX's: float32 arrays, where the statement asks for NumPy
+
+
+def jacfwd_swapping_primal_and_tangent(f):
+    def jacobian(x):
+        return st.vmap(lambda v: st.jvp(f, (v,), (x,))[1], out_axes=-1)(np.eye(x.size))  # at e_j along x
+    return jacobian
+
+
+def jacfwd_converted_to_numpy(f):
+    def jacobian(x):
+        jac = st.vmap(lambda v: st.jvp(f, (x,), (v,))[1], out_axes=-1)(np.eye(x.size))
+        return np.asarray(jac)  # "a float64 NumPy array": but under jit, jac is a tracer
+    return jacobian
+
+
+def min_lowering(ctx, x, *, axes):
+    dtype = ctx.avals_in[0].dtype
+    init = ctx.constant(np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max, dtype)
+    return lowering.reduce(ctx, x, init, "minimum", axes)  # the minimum, with its own identity
+
+
 FRESH = [
     ("01.tanh_jvp", tanh_jvp_with_jnp, 0),
     ("01.tanh_jvp", tanh_jvp_returning_a_list_of_tangents, 1),
     ("01.tanh_jvp", tanh_jvp_with_x_times_tanh, 1),
+    ("01.tanh_jvp", tanh_jvp_at_the_tangent, 0),
     ("01.reduce_sum_transpose", transpose_with_an_extra_cotangent, 0),
     ("01.reduce_sum_transpose", transpose_broadcasting_into_the_kept_axes_reversed, 6),
+    ("01.reduce_sum_transpose", transpose_into_the_leading_axes, 3),
     ("01.reduce_sum_batch", batch_shifting_every_axis, 1),
     ("01.reduce_sum_batch", batch_shifting_axes_past_the_batch_strictly, 2),
     ("01.reduce_sum_batch", batch_keeping_d_or_zero, 1),
+    ("01.reduce_sum_batch", batch_with_reduce_max, 0),
     ("01.logistic", _logistic_with_jvp("logistic_jvp_with_y_squared", lambda y, t: t * y * y), 4),
     ("01.logistic", _logistic_with_jvp("logistic_jvp_without_y", lambda y, t: t * (1.0 - y)), 4),
     ("01.logistic", logistic_with_the_sign_of_the_exponent_flipped, 3),
+    ("01.logistic", logistic_with_jax_sigmoid, 5),
     ("01.jacfwd", jacfwd_by_finite_differences, 0),
     ("01.jacfwd", jacfwd_on_the_first_direction, 1),
     ("01.jacfwd", jacfwd_from_jax, 0),
     ("01.jacfwd", jacfwd_by_vmapping_over_the_outputs, 0),
+    ("01.jacfwd", jacfwd_swapping_primal_and_tangent, 1),
+    ("01.jacfwd", jacfwd_converted_to_numpy, 4),
     ("01.reduce_max_lowering", max_lowering_with_op_max, 0),
     ("01.reduce_max_lowering", max_lowering_over_every_axis, 1),
     ("01.reduce_max_lowering", max_lowering_from_minus_one_million, 4),
+    ("01.reduce_max_lowering", min_lowering, 0),
 ]
 
 

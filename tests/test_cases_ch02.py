@@ -3,6 +3,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import stacklib.nn as nnx
@@ -362,18 +363,61 @@ def rms_norm_over_the_first_axis(x, scale, epsilon=1e-6):
     return (x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=0, keepdims=True) + epsilon) * scale).astype(x.dtype)
 
 
+class NumpyMatmul(Linear):
+    def __call__(self, x):
+        return np.matmul(x, self.kernel[...]) + self.bias[...]  # NumPy: right eagerly, fails under jit
+
+
+def dropout_with_numpys_generator(x, rate, rngs, deterministic=False):
+    if deterministic or rate == 0.0:
+        return x
+    if rate == 1.0:
+        return jnp.zeros_like(x)
+    keep = np.random.default_rng(0).random(x.shape) >= rate  # NumPy's generator, not the dropout stream
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def functional_call_in_eval_mode(graphdef, state, x):
+    model = nnx.merge(graphdef, state, copy=True)
+    model.eval()  # "pure" read as "deterministic": dropout is switched off and its counter stays
+    return model(x), nnx.state(model)
+
+
+def functional_call_returning_a_pure_dict(graphdef, state, x):
+    model = nnx.merge(graphdef, state, copy=True)
+    return model(x), nnx.to_pure_dict(nnx.state(model))  # plain arrays: cannot be merged back
+
+
+def rms_norm_by_the_square_of_the_mean(x, scale, epsilon=1e-6):
+    x32 = x.astype(jnp.float32)
+    mean_squared = jnp.mean(x32, axis=-1, keepdims=True) ** 2  # (mean x)^2, not mean(x^2)
+    return (x32 * jax.lax.rsqrt(mean_squared + epsilon) * scale).astype(x.dtype)
+
+
+def rms_norm_with_numpy(x, scale, epsilon=1e-6):
+    x32 = np.asarray(x, np.float32)  # NumPy: the right numbers on concrete arrays, fails under jit
+    rms = np.sqrt(np.mean(x32**2, axis=-1, keepdims=True) + epsilon)
+    return (x32 / rms * np.asarray(scale)).astype(x.dtype)
+
+
 FRESH = [
     ("02.linear", VariableNotParam, 6, "kernel in a plain Variable, not a Param"),
     ("02.linear", DefaultStreamKeys, 5, "keys from the default stream, not params"),
     ("02.linear", TransposedInit, 5, "initialises (out, in) and transposes"),
+    ("02.linear", NumpyMatmul, 6, "np.matmul: fails under jit"),
     ("02.dropout", dropout_drawing_from_the_params_stream, 2, "draws from the params stream"),
     ("02.dropout", dropping_where_a_draw_says_drop, 4, "bernoulli(rate) marks the dropped ones"),
     ("02.dropout", dropout_drawing_two_keys, 4, "draws two keys per call"),
+    ("02.dropout", dropout_with_numpys_generator, 4, "NumPy's random generator, not the Rngs stream"),
     ("02.functional_call", functional_call_on_split_params_only, 0, "returns the Params' state alone"),
     ("02.functional_call", functional_call_returning_the_input_state, 3, "returns the state it was given"),
+    ("02.functional_call", functional_call_in_eval_mode, 3, "switches dropout off with model.eval()"),
+    ("02.functional_call", functional_call_returning_a_pure_dict, 4, "returns a pure dict, not an nnx.State"),
     ("02.rms_norm", rms_norm_by_the_l2_norm, 0, "divides by the L2 norm, not the RMS"),
     ("02.rms_norm", rms_norm_by_the_mean_absolute_value, 0, "divides by the mean absolute value"),
     ("02.rms_norm", rms_norm_over_the_first_axis, 2, "the mean over the first axis"),
+    ("02.rms_norm", rms_norm_by_the_square_of_the_mean, 2, "the square of the mean, not the mean of squares"),
+    ("02.rms_norm", rms_norm_with_numpy, 5, "NumPy: right numbers, fails under jit"),
 ]
 
 

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import stacklib.optim as optax
@@ -533,18 +534,62 @@ def accumulate_counting_to_k_first(inner, k):
     return optax.GradientTransformation(right.init, update)
 
 
+def adam_with_nu_of_the_absolute_gradient(b1=0.9, b2=0.999, eps=1e-8):
+    def update(updates, state, params=None):
+        mu = jax.tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
+        nu = jax.tree.map(lambda g, v: (1 - b2) * jnp.abs(g) + b2 * v, updates, state.nu)  # |g|, not g**2
+        count = state.count + 1
+        updates = jax.tree.map(
+            lambda m, v: (m / (1 - b1**count)) / (jnp.sqrt(v / (1 - b2**count)) + eps), mu, nu
+        )
+        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(scale_by_adam(b1, b2, eps).init, update)
+
+
+def warmup_cosine_with_t_the_step(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0):
+    def schedule(step):
+        warm = init_value + (peak_value - init_value) * jnp.clip(step, 0, warmup_steps) / warmup_steps
+        t = jnp.clip(step, 0, decay_steps - warmup_steps)  # the step itself, not step - warmup_steps
+        alpha = end_value / peak_value
+        cosine = 0.5 * (1 + jnp.cos(jnp.pi * t / (decay_steps - warmup_steps)))
+        return jnp.where(step < warmup_steps, warm, peak_value * ((1 - alpha) * cosine + alpha))
+
+    return schedule
+
+
+def clip_with_numpys_norm(max_norm):
+    def update(updates, state, params=None):
+        norm = jnp.sqrt(sum(np.linalg.norm(leaf) ** 2 for leaf in jax.tree.leaves(updates)))  # untraceable
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * factor, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def accumulate_dividing_the_mean_by_k_again(inner, k):
+    def inner_update_of_a_k_th(updates, state, params=None):  # loss / k, as in PyTorch, on top of the mean
+        return inner.update(jax.tree.map(lambda g: g / k, updates), state, params)
+
+    return accumulate_gradients(optax.GradientTransformation(inner.init, inner_update_of_a_k_th), k)
+
+
 FRESH = [
     ("03.scale_by_adam", adam_from_optax, 0, "returns optax.scale_by_adam"),
     ("03.scale_by_adam", adam_from_stacklib, 0, "returns stacklib.optim.scale_by_adam"),
     ("03.scale_by_adam", adam_with_b1_and_b2_swapped, 4, "b1 and b2 swapped"),
+    ("03.scale_by_adam", adam_with_nu_of_the_absolute_gradient, 4, "nu averages |g|, not g squared"),
     ("03.warmup_cosine", warmup_cosine_from_optax, 0, "returns optax's schedule"),
     ("03.warmup_cosine", warmup_then_linear_decay, 1, "a linear decay, not a cosine"),
+    ("03.warmup_cosine", warmup_cosine_with_t_the_step, 0, "the cosine's t is the step, not step - warmup"),
     ("03.clip_by_global_norm", clip_from_optax, 0, "returns optax.clip_by_global_norm"),
     ("03.clip_by_global_norm", clip_by_the_largest_leaf_norm, 2, "the largest leaf's norm"),
+    ("03.clip_by_global_norm", clip_with_numpys_norm, 4, "np.linalg.norm: fails under jit"),
     ("03.accumulate", accumulate_with_multisteps, 0, "returns optax.MultiSteps"),
     ("03.accumulate", accumulate_stepping_on_the_first_call_of_each_group, 0,
      "steps on a group's first call"),
     ("03.accumulate", accumulate_counting_to_k_first, 6, "never steps when k = 1"),
+    ("03.accumulate", accumulate_dividing_the_mean_by_k_again, 2, "divides the mean by k again"),
 ]
 
 

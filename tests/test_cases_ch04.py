@@ -444,13 +444,46 @@ class CountsTheElementsReturned(BatchIterator):
         return {"next_index": getattr(self, "returned", 0)}
 
 
+hash_of_a_string = _feistel_with_round(lambda seed, r, right: hash(f"{seed}:{r}:{right}"))  # salted
+
+
+def batches_in_one_reused_buffer(records, batch_size, drop_remainder=False):
+    stop = len(records) - len(records) % batch_size if drop_remainder else len(records)
+    batches, buffer = [], None
+    for start in range(0, stop, batch_size):
+        chunk = [np.asarray(record) for record in records[start:start + batch_size]]
+        if buffer is None or len(chunk) != len(buffer):
+            buffer = np.empty((len(chunk), *chunk[0].shape), chunk[0].dtype)
+        np.stack(chunk, out=buffer)  # saves an allocation, but every full batch is this one array
+        batches.append(buffer)
+    return batches
+
+
+class SavesANumpyInteger(BatchIterator):
+    """Keeps its position as a NumPy integer, as np.flatnonzero gives it: json.dumps refuses it."""
+
+    def get_state(self):
+        return {"next_index": np.int64(self.next_index)}
+
+
+def even_split_dropping_the_first_records(n, shard_index, shard_count, drop_remainder=False):
+    per_shard, remainder = divmod(n, shard_count)
+    if drop_remainder:  # leaves the first `remainder` records unused, not the last
+        return remainder + per_shard * shard_index, remainder + per_shard * (shard_index + 1)
+    return even_split(n, shard_index, shard_count)
+
+
 FRESH = [
     ("04.index_shuffle", rotation_by_the_seed, 8, "(index + seed) % n"),
     ("04.index_shuffle", reversal, 6, "reverses the indices"),
+    ("04.index_shuffle", hash_of_a_string, 11, "F = hash() of a string: another order in another process"),
     ("04.batch", batches_balanced_by_array_split, 1, "np.array_split: balanced, not b per batch"),
     ("04.batch", batches_of_dicts_as_object_arrays, 4, "np.array of dicts, and no remainder rule"),
+    ("04.batch", batches_in_one_reused_buffer, 1, "stacks every batch into one reused buffer"),
     ("04.even_split", even_split_by_ceil_without_clamping, 1, "ceil-sized shards, starts past n"),
+    ("04.even_split", even_split_dropping_the_first_records, 2, "drop_remainder drops the first records"),
     ("04.iterator_state", CountsTheElementsReturned, 3, "saves the count of elements returned"),
+    ("04.iterator_state", SavesANumpyInteger, 3, "a NumPy integer in the state: not JSON"),
 ]
 
 

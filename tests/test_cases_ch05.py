@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import tempfile
 import threading
 
@@ -618,14 +619,78 @@ class ShallowSnapshot(AsyncSaver):
         self.thread.start()
 
 
+def atomic_write_copying_onto_the_target(path, chunks):
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+            file.flush()
+            os.fsync(file.fileno())
+        shutil.copyfile(temporary, path)  # rewrites the target byte by byte: a reader can see half of it
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def keeps_the_best_by_a_dict_of_scores(steps, metrics, max_to_keep, best_fn=None, best_mode="max",
+                                       keep_checkpoints_without_metrics=True):
+    if max_to_keep is None or len(steps) <= max_to_keep:
+        return list(steps)
+    if best_fn is None:
+        return list(steps)[len(steps) - max_to_keep:] if max_to_keep else []
+    # One step per score: of two steps with the same score, the dict keeps only the later one.
+    step_of = {best_fn(m): step for step, m in zip(steps, metrics, strict=True) if m is not None}
+    ranked = sorted(step_of, reverse=best_mode == "min")
+    kept = {step_of[score] for score in ranked[len(ranked) - max_to_keep:]} if max_to_keep else set()
+    unscored = {step for step, m in zip(steps, metrics, strict=True) if m is None}
+    return sorted(kept | (unscored if keep_checkpoints_without_metrics else set()))
+
+
+class SnapshotInJaxArrays(AsyncSaver):
+    def save(self, tree):
+        self.wait_until_finished()
+        snapshot = jax.tree.map(jnp.array, tree)  # copies, but into float32 jax arrays, not NumPy
+        self.thread = threading.Thread(target=self._write, args=(snapshot,))
+        self.thread.start()
+
+
+def restores_the_leaves_in_the_saved_order(target, saved):
+    leaves, treedef = jax.tree_util.tree_flatten(target)
+    if len(leaves) != len(saved):
+        raise ValueError(f"{len(saved)} saved arrays for {len(leaves)} leaves")
+    restored = []
+    for leaf, array in zip(leaves, saved.values(), strict=True):  # by position, not by path
+        array = np.asarray(array).astype(leaf.dtype)
+        is_jax = isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+        restored.append(jax.device_put(array, leaf.sharding) if is_jax else array)
+    return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+def chooses_among_the_newest_steps_copies_only(local_steps, persistent_steps, is_intact):
+    steps = set(local_steps) | set(persistent_steps)
+    if not steps:
+        return None
+    newest = max(steps)
+    for tier, held in (("local", local_steps), ("persistent", persistent_steps)):
+        if newest in held and is_intact(tier, newest):
+            return newest, tier
+    return None  # both copies of the newest step damaged: gives up instead of trying older steps
+
+
 FRESH = [
     ("05.keep_n", ranks_with_the_default_argsort, 7, "np.argsort's default (unstable) kind"),
     ("05.keep_n", compares_max_to_keep_before_none, 7, "len(steps) <= None"),
+    ("05.keep_n", keeps_the_best_by_a_dict_of_scores, 5, "a dict keyed by score: tied steps collide"),
     ("05.choose_restore", takes_the_first_listed_step_as_newest, 2, "the first listed step as the newest"),
     ("05.choose_restore", local_tier_unless_empty, 3, "the local tier unless it is empty"),
+    ("05.choose_restore", chooses_among_the_newest_steps_copies_only, 6, "gives up after the newest step"),
     ("05.restore_into", restores_every_leaf_as_a_jax_array, 4, "jax arrays where the target has NumPy"),
+    ("05.restore_into", restores_the_leaves_in_the_saved_order, 2, "pairs leaves by position, not by path"),
     ("05.atomic_write", fsyncs_the_folder_not_the_file, 7, "fsyncs the folder, not the file"),
+    ("05.atomic_write", atomic_write_copying_onto_the_target, 6, "copies onto the target: no os.replace"),
     ("05.async_save", ShallowSnapshot, 7, "a shallow copy: the same arrays"),
+    ("05.async_save", SnapshotInJaxArrays, 6, "a snapshot of jax arrays, not NumPy ones"),
 ]
 
 

@@ -227,11 +227,35 @@ def pad_to_the_first_bucket_listed_that_fits(x, buckets):
 
 
 
+def opcode_as_the_fourth_word(hlo_text):  # a ROOT line and a tuple shape both move the opcode along
+    words = [line.split() for line in _entry_lines(hlo_text)]
+    return sum(len(w) > 3 and w[3].startswith("fusion(") for w in words)
+
+
+def entry_found_case_blind(hlo_text):
+    start = hlo_text.lower().index("entry")  # the header's entry_computation_layout= comes first
+    body = hlo_text[start:]
+    body = body[:body.index("\n}")]  # so this is the first computation printed, not the ENTRY
+    return sum(" = " in line and bool(re.search(r"\sfusion\(", line)) for line in body.splitlines())
+
+
+def pad_with_nan(x, buckets):  # "so that padding shows": the mask hides it, but the zeros were asked for
+    n = x.shape[0]
+    fitting = [size for size in buckets if size >= n]
+    if not fitting:
+        raise ValueError(f"length {n} is longer than the largest bucket, {max(buckets)}")
+    return jnp.pad(x, (0, min(fitting) - n), constant_values=np.nan), jnp.arange(min(fitting)) < n
+
+
 FRESH = [
     ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "bytes": e * (2 * b * i + i * o + o)},
      2, "the output counted as (batch, d_in)"),
     ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "flops": 2 * b * i * o + 2 * b * o},
      2, "two FLOPs per bias add"),
+    ("06.dense_cost", lambda b, i, o, e: {**dense_cost(b, i, o, e), "bytes": b * i + i * o + o + b * o},
+     2, "counts elements, not bytes"),
+    ("06.count_kernels", opcode_as_the_fourth_word, 4, "takes the fourth word for the opcode"),
+    ("06.count_kernels", entry_found_case_blind, 1, "finds 'entry' in the header, not the ENTRY line"),
     ("06.matmul_intensity", lambda m, k, n, e: n / (3 * e / 2), 2, "n / 6 for every shape"),
     ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n / (e * (m * k + k * n + m * n)) * 8, 1,
      "FLOPs per bit"),
@@ -239,6 +263,11 @@ FRESH = [
     ("06.pad_to_bucket", pad_to_the_first_bucket_listed_that_fits, 4, "the largest bucket that fits"),
     ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n / (m * k + k * n + m * n), 0,
      "FLOPs per element, not per byte"),
+    ("06.matmul_intensity", lambda m, k, n, e: 2 * m * k * n / (e * (m * k + k * n + 2 * m * n)), 1,
+     "reads the output as well as writing it (C += A @ B)"),
+    ("06.matmul_intensity", lambda m, k, n, e: e * (m * k + k * n + m * n) / (2 * m * k * n), 0,
+     "bytes per FLOP, the inverse"),
+    ("06.pad_to_bucket", pad_with_nan, 5, "pads with NaN, not zeros"),
 ]
 
 

@@ -380,6 +380,48 @@ def gather_in_order_of_arrival(x, axis_name):
     return jnp.stack(blocks)
 
 
+def gather_one_hop_short(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    blocks = jnp.zeros((n, *x.shape), x.dtype).at[me].set(x)
+    for step in range(1, n - 1):  # N - 2 hops: the block of device me + 1 never arrives
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        blocks = blocks.at[(me - step) % n].set(x)
+    return blocks
+
+
+def gather_rolled_by_my_index(x, axis_name):
+    n, me = jax.lax.axis_size(axis_name), jax.lax.axis_index(axis_name)
+    arrived = [x]
+    for _ in range(1, n):
+        x = jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+        arrived.append(x)
+    return jnp.roll(jnp.stack(arrived), me, axis=0)  # arrival k is device me - k's block: a flip is missing
+
+
+def tp_summing_an_all_gather(x, w1, b1, w2, b2, mesh):
+    def local(x, w1, b1, w2, b2):
+        partial_output = jax.nn.relu(x @ w1 + b1) @ w2
+        return jnp.sum(jax.lax.all_gather(partial_output, "model"), axis=0) + b2  # N copies sent, not a psum
+
+    gathered = jax.shard_map(local, mesh=mesh, in_specs=TP_SPECS, out_specs=P(), check_vma=False)
+    return gathered(x, w1, b1, w2, b2)
+
+
+def gpipe_with_one_row_repeated(num_stages, num_microbatches):
+    ticks = 2 * (num_microbatches + num_stages - 1)
+    schedule = [[None] * num_stages] * ticks  # one list, repeated: writing a tick writes them all
+    for stage in range(num_stages):
+        for i in range(num_microbatches):
+            schedule[stage + i][stage] = ("F", i)
+            schedule[ticks - 1 - stage - i][stage] = ("B", i)
+    return schedule
+
+
+def bubble_of_the_idlest_stage(schedule):
+    idle = [sum(row[stage] is None for row in schedule) for stage in range(len(schedule[0]))]
+    return max(idle) / len(schedule)  # the worst stage's share, not the table's
+
+
 FRESH = [
     ("07.all_reduce_time", lambda v, n, w, a: 2 * (n - 1) * a + v / w, 0, "one V / W in all"),
     ("07.all_reduce_time", lambda v, n, w, a: 2 * math.log2(max(n, 1)) * (a + v / n / w), 1,
@@ -389,13 +431,18 @@ FRESH = [
     ("07.dp_step", dp_summing_the_rows_not_averaging, 0, "divides the summed loss by the local rows"),
     ("07.tp_mlp", tp_splitting_w2_by_columns, 0, "splits w2 by columns"),
     ("07.tp_mlp", tp_without_splitting_b1, 0, "b1 whole on every device"),
+    ("07.tp_mlp", tp_summing_an_all_gather, 4, "sums an all-gather of the partial outputs"),
     ("07.gpipe_schedule", gpipe_from_the_library, 0, "calls stacklib.parallel.gpipe_schedule"),
     ("07.gpipe_schedule", one_f_one_b_instead, 3, "backwards in forward order, 1F1B-like"),
     ("07.gpipe_schedule", gpipe_with_backwards_one_stage_early, 4, "right only for p = 4, m = 6"),
+    ("07.gpipe_schedule", gpipe_with_one_row_repeated, 0, "[[None] * p] * ticks: one row, repeated"),
     ("07.bubble_fraction", bubble_from_the_library, 0, "calls stacklib.parallel.bubble_fraction"),
     ("07.bubble_fraction", bubble_over_the_first_stage, 3, "stage 0's idle share only"),
+    ("07.bubble_fraction", bubble_of_the_idlest_stage, 3, "the idlest stage's share, not the table's"),
     ("07.ring_all_gather", gather_sending_left, 0, "sends left, places as if from the left"),
     ("07.ring_all_gather", gather_in_order_of_arrival, 0, "rows in order of arrival"),
+    ("07.ring_all_gather", gather_one_hop_short, 0, "N - 2 hops: one block never arrives"),
+    ("07.ring_all_gather", gather_rolled_by_my_index, 0, "rolls the arrivals by its own index"),
 ]
 
 

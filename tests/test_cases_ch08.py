@@ -337,19 +337,65 @@ def mfu_of_one_layer(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
     return 6 * batch * d_in * d_out / (step_seconds * peak_flops)  # as if one (d_in, d_out) layer
 
 
+def mfu_with_the_relu(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    relu = batch * d_hidden  # one comparison per hidden unit: not a matmul FLOP
+    return mlp_train_mfu(batch, d_in, d_hidden, d_out, step_seconds, peak_flops) + relu / (
+        step_seconds * peak_flops)
+
+
+def mfu_input_gradient_on_the_first_layer(batch, d_in, d_hidden, d_out, step_seconds, peak_flops):
+    forward = 2 * batch * (d_in * d_hidden + d_hidden * d_out)
+    first_layer_backward = 2 * (2 * batch * d_in * d_hidden)  # dW1 and a gradient into x, which nothing needs
+    second_layer_backward = 2 * batch * d_hidden * d_out  # dW2 only: but the first layer needs the gradient
+    return (forward + first_layer_backward + second_layer_backward) / (step_seconds * peak_flops)
+
+
+def roofline_skipping_ops_without_flops(costs, peak_flops, peak_bandwidth):
+    return sum(max(f / peak_flops, b / peak_bandwidth) for f, b in costs.values() if f)  # a copy is free?
+
+
+def roofline_with_the_bytes_twice(costs, peak_flops, peak_bandwidth):
+    return sum(max(f / peak_flops, 2 * b / peak_bandwidth) for f, b in costs.values())  # "read and write"
+
+
+def top_op_family(events, module):
+    totals = {}
+    for event in events:
+        if event.module == module:
+            family = event.name.split(".")[0]  # "ynn_fusion.3" and "ynn_fusion.1" are different ops
+            totals[family] = totals.get(family, 0.0) + event.duration_us
+    return max(totals, key=totals.get)
+
+
+def step_time_from_one_start(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    start = time.perf_counter()  # once, before the loop: each time includes the calls before it
+    for _ in range(repeats):
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 FRESH = [
     ("08.top_op", top_by_start_times, 0, "adds up start times"),
     ("08.top_op", top_event_itself, 0, "returns the OpEvent, not its name"),
     ("08.top_op", top_per_thread, 4, "the most time on one thread"),
+    ("08.top_op", top_op_family, 0, "adds up op families: the name before its '.N'"),
     ("08.mlp_mfu", mfu_counting_a_multiply_add_as_one, 1, "a multiply-add as one FLOP"),
     ("08.mlp_mfu", mfu_without_the_time, 0, "divides by the peak only"),
     ("08.roofline_time", roofline_with_the_faster_resource, 0, "each op's faster resource"),
     ("08.roofline_time", roofline_in_milliseconds, 0, "milliseconds"),
     ("08.step_time", blocks_once_after_the_loop, 2, "one wait after the loop: the mean"),
     ("08.step_time", the_lower_median, 8, "the lower middle time of an even number"),
+    ("08.step_time", step_time_from_one_start, 2, "starts the clock once, before the loop"),
     ("08.roofline_time", roofline_mean_over_ops, 1, "the mean over ops, not the sum"),
     ("08.roofline_time", roofline_with_the_peaks_swapped, 0, "F / bandwidth and B / peak_flops"),
     ("08.mlp_mfu", mfu_of_one_layer, 1, "one (d_in, d_out) layer"),
+    ("08.mlp_mfu", mfu_with_the_relu, 1, "counts the relu's FLOPs too"),
+    ("08.mlp_mfu", mfu_input_gradient_on_the_first_layer, 1, "the input gradient in layer 1, not layer 2"),
+    ("08.roofline_time", roofline_skipping_ops_without_flops, 2, "leaves out the ops without FLOPs"),
+    ("08.roofline_time", roofline_with_the_bytes_twice, 0, "counts each op's bytes twice"),
 ]
 
 
@@ -413,6 +459,8 @@ DIAGNOSED = [
     ("08.step_time", upper_median, "the higher of the two middle times"),
     ("08.top_op", sorts_the_callers_list, "changed its input in place"),
     ("08.top_op", uses_op_table, "called stacklib.profile.op_table"),
+    ("08.step_time", step_time_from_one_start, "start it again before each call"),
+    ("08.roofline_time", roofline_skipping_ops_without_flops, "left out the ops without FLOPs"),
 ]
 
 

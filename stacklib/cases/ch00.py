@@ -142,6 +142,13 @@ def respects_the_axis_argument(softmax_fn):
     logits = np.random.default_rng(0).normal(size=(4, 3, 5)).astype(np.float32)
     expected = _reference_softmax(logits, axis=1)
     expect_close(call_on_copies(softmax_fn, logits, axis=1, what="softmax"), expected, rtol=1e-5)
+    # "Any shape" includes one example's logits, a vector: an answer that restores the reduced
+    # axis with [:, None] passes every 2-D and 3-D input above and fails here.
+    vector = np.array([2.0, -1.0, 0.5, 0.0], dtype=np.float32)
+    expect_close(call_on_copies(softmax_fn, vector, what="softmax"), _reference_softmax(vector), rtol=1e-5,
+                 what="softmax of a 1-D vector of logits",
+                 hint="The logits may have any number of dimensions, a single vector too: keep the reduced "
+                      "axis with keepdims=True rather than adding it back by indexing, which assumes 2-D.")
 
 
 @softmax.case(hint="Use jax.numpy (jnp.exp, jnp.sum and the like), not NumPy: under jax.jit the logits are a "

@@ -206,13 +206,18 @@ rms_norm = Exercise("02.rms_norm", "RMSNorm")
 
 
 @rms_norm.case(points=2, hint="Each vector (the last axis) is divided by its root mean square, then "
-                              "multiplied by scale; no mean is subtracted (the formula above the exercise).")
+                              "multiplied by scale; no mean is subtracted (the formula above the exercise). "
+                              "Compute with jax.numpy, not NumPy: the layer runs under jax.jit.")
 def matches_flax_rmsnorm(norm):
     x = jax.random.normal(jax.random.key(0), (3, 5, 8)) * 3 + 1
     reference = flax_nnx.RMSNorm(8, rngs=flax_nnx.Rngs(0))
     scale = jnp.linspace(0.5, 2.0, 8)
     reference.scale[...] = scale
-    expect_close(norm(x, scale), reference(x), rtol=1e-5, atol=1e-6)
+    expected = reference(x)
+    expect_close(norm(x, scale), expected, rtol=1e-5, atol=1e-6)
+    # A norm layer runs inside a jitted model: NumPy (np.sqrt, np.mean) gives the right numbers
+    # on concrete arrays, so only a traced call tells it from jax.numpy.
+    expect_close(jax.jit(norm)(x, scale), expected, rtol=1e-5, atol=1e-6, what="jax.jit(rms_norm)(x, scale)")
 
 
 @rms_norm.case(points=2, hint="epsilon goes inside the square root: sqrt(mean(x**2) + epsilon); its default "

@@ -261,6 +261,9 @@ def equals_one_big_batch_step_of_momentum_with_weight_decay(accumulate_gradients
         expect_close(updates, expected[-1], rtol=1e-5, atol=1e-6, what=f"accumulated step {len(expected)}")
 
 
+# The state is the learner's own NamedTuple, so its counter's type is theirs too: a Python int 0
+# from `init` is accepted on purpose (the first update, eager or jitted, returns an int32 array,
+# and jit does not retrace for it), unlike scale_by_adam's count, whose type optax's state fixes.
 @accumulate.case(points=2, hint="Under jit the counter is traced: compute both branches and select with "
                                 "jnp.where (or jax.lax.cond); a Python `if` on it cannot work. The 4th call "
                                 "with k=2 must step. (If a case above fails too, fix it first: this one runs "

@@ -538,7 +538,8 @@ def mismatches_are_all_named_in_one_error(restore):
 
 # 05.choose_restore ----------------------------------------------------------------------
 
-choose_restore = Exercise("05.choose_restore", "Which copy to restore from two tiers of checkpoints")
+choose_restore = Exercise("05.choose_restore", "Which copy to restore from two tiers of checkpoints",
+                          none_is_an_answer=True)  # None: nothing to restore
 _TIERS = "the chapter's section 'Two tiers: surviving preemption'"
 
 
@@ -573,7 +574,8 @@ def _expect_choice(choose, local_steps, persistent_steps, damaged=()):
         situation += f", damaged copies {sorted(damaged, key=lambda copy: (copy[1], copy[0]))}"
     if got != expected:
         wrong = _what_is_wrong(got, expected, local_steps, persistent_steps, damaged)
-        expect(False, f"{situation}: got {got!r}: {wrong}")
+        shown = "nothing to restore" if got is None else repr(got)
+        expect(False, f"{situation}: got {shown}: {wrong}")
     return is_intact
 
 
@@ -582,6 +584,8 @@ def _what_is_wrong(got, expected, local_steps, persistent_steps, damaged) -> str
     held = {"local": set(local_steps), "persistent": set(persistent_steps)}
     if expected is None:
         return "no copy is intact (or there is none): expected None"
+    if got is None:
+        return "an intact copy exists, and restoring nothing would lose all the work saved"
     if not (isinstance(got, tuple) and len(got) == 2 and got[1] in held):
         return "expected a tuple (step, tier), tier 'local' or 'persistent', or None"
     step, tier = got

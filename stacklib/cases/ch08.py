@@ -10,6 +10,7 @@ loses the same points on every run, on any machine, under any load.
 
 import contextlib
 import inspect
+import itertools
 import numbers
 import statistics
 import time
@@ -267,6 +268,8 @@ def _expect_roofline(predict_fn, costs, peak_flops, peak_bandwidth, what):
         (sum(c for c, _ in terms), "you left out the bytes: a memory-bound op takes B / peak_bandwidth"),
         (sum(m for _, m in terms), "you left out the FLOPs: a compute-bound op takes F / peak_flops"),
         (sum(min(t) for t in terms), "you took each op's faster resource (min); an op waits for the slower"),
+        (sum(max(t) for t, (f, _) in zip(terms, costs.values(), strict=True) if f),
+         "you left out the ops without FLOPs: a copy computes nothing but still moves its bytes"),
         (1e3 * expected, "that is milliseconds: return seconds"),
     ]
     got = call_on_copies(predict_fn, costs, peak_flops, peak_bandwidth, what="predict_seconds")
@@ -377,6 +380,9 @@ def _expect_timer(timer_fn, device, repeats, what):
                                          "number of times is the mean of the two"),
         (statistics.median_low(honest), "that is the lower of the two middle times: the median of an even "
                                         "number of times is the mean of the two"),
+        (statistics.median(itertools.accumulate(honest)), "that is the median of the times since the clock "
+                                                          "started before the loop: start it again before "
+                                                          "each call"),
     ]
     _expect_diagnosed(got, expected, mistakes, what)
 
