@@ -15,7 +15,8 @@ So a zoo never trains in the caller's process. It runs
 
     python -m stacklib.checkpoint.zoo stacklib.llm.zoo:build '{"directory": ..., ...}'
 
-which, before JAX starts, drops the caller's `JAX_*` and `XLA_*` settings and the
+which, before JAX starts, drops the caller's `JAX_*` and `XLA_*` settings (except those of
+JAX's persistent compilation cache, which change when a program is compiled, not what runs) and the
 machine's autotuning cache (kernel tiles), restricts itself to one CPU core (where the OS
 allows it: Linux) and one CPU device, and then calls
 `build(**request)`, which writes the model into `directory`. The caller waits, then loads
@@ -195,8 +196,17 @@ def build_configuration() -> dict[str, Any]:
 NO_AUTOTUNING_CACHE = "/nonexistent/stacklib-zoo-builds-use-heuristic-tiles.json"
 
 
+# JAX's persistent compilation cache may be kept: it changes when a program is compiled, never
+# what runs. Its key holds the XLA flags and compile options, so a build, with XLA's defaults,
+# only ever loads what a build compiled, byte for byte; a test suite's repeated builds of one
+# config then compile once.
+_KEPT_JAX_SETTINGS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+
+
 def _fixed_environment() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("JAX_", "XLA_"))}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("JAX_", "XLA_")) or key in _KEPT_JAX_SETTINGS}
     env.update({BUILDER_ENV: "1", "JAX_PLATFORMS": "cpu", "STACKLIB_AUTOTUNING_CACHE": NO_AUTOTUNING_CACHE})
     return env
 
