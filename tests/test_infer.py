@@ -26,6 +26,9 @@ SHARED = "import os\nimport sys\n\n\ndef main("  # 32 bytes: 8 full blocks of 4,
 PROMPTS = [SHARED + "):\n", "def main(", SHARED + "argv", "class Foo:\n    def __init__(self",
            "# Copyright", SHARED + "", "for i in range(10):\n    ", "x = "]
 MAX_TOKENS = [24, 8, 40, 16, 33, 5, 24, 12]
+# A step budget of 64 tokens (the engine's default is 512): the batch's prompts are pre-filled in
+# chunks, and the engines here compile 7 programs each instead of 10.
+ENGINE = dict(max_num_seqs=8, block_size=4, max_num_batched_tokens=64)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def engine(model):
-    return LLM(model, max_num_seqs=8, block_size=4)
+    return LLM(model, **ENGINE)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +97,8 @@ def test_greedy_batch_1_equals_plain_generation(engine, reference):
 
 
 def test_prefix_caching_reuses_blocks_and_changes_no_token(model, reference):
-    cached = LLM(model, max_num_seqs=8, block_size=4, enable_prefix_caching=True)
-    uncached = LLM(model, max_num_seqs=8, block_size=4, enable_prefix_caching=False)
+    cached = LLM(model, **ENGINE, enable_prefix_caching=True)
+    uncached = LLM(model, **ENGINE, enable_prefix_caching=False)
     for llm_ in (cached, uncached):
         llm_.generate(PROMPTS[0], _greedy(4))  # leaves SHARED's blocks in the pool
         outputs = llm_.generate(PROMPTS, [_greedy(n) for n in MAX_TOKENS])
@@ -137,7 +140,7 @@ def test_chunked_prefill_gives_the_same_greedy_tokens(model, reference):
 
 def test_preemption_by_recomputation_finishes_every_request(model, reference):
     # 39 blocks of 4 slots cannot hold 8 sequences of up to 76 tokens at once.
-    small = LLM(model, max_num_seqs=8, block_size=4, num_gpu_blocks_override=40, enable_prefix_caching=False)
+    small = LLM(model, **ENGINE, num_gpu_blocks_override=40, enable_prefix_caching=False)
     outputs = small.generate(PROMPTS, [_greedy(n) for n in MAX_TOKENS])
     assert small.llm_engine.scheduler.num_preemptions > 0
     assert [len(o.outputs[0].token_ids) for o in outputs] == MAX_TOKENS
@@ -148,7 +151,7 @@ def test_preemption_by_recomputation_finishes_every_request(model, reference):
 def test_a_model_folder_in_the_zoo_format_loads_the_same_weights(engine):
     from stacklib.llm import zoo
 
-    folder = LLM(str(zoo.cache_dir() / "stdlib-bytes"), max_num_seqs=8, block_size=4)
+    folder = LLM(str(zoo.cache_dir() / "stdlib-bytes"), **ENGINE)
     assert folder.model_name == "stdlib-bytes"
     params = _greedy(12)
     ours, theirs = (llm_.generate("def ", params)[0].outputs[0].token_ids for llm_ in (folder, engine))
@@ -166,7 +169,7 @@ def test_no_recompilation_after_warmup_for_any_prompt_length_or_batch(engine):
 
 
 def test_kv_waste_is_under_one_block_per_sequence_and_4_percent(model):
-    engine = LLM(model, max_num_seqs=8, block_size=4, enable_prefix_caching=False).llm_engine
+    engine = LLM(model, **ENGINE, enable_prefix_caching=False).llm_engine
     rng = np.random.default_rng(1)
     for i in range(12):
         ids = rng.integers(32, 127, size=int(rng.integers(20, 60))).tolist()
