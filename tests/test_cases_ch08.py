@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import statistics
 import time
+import timeit
 from time import perf_counter
 
 import jax
@@ -474,6 +475,22 @@ def test_a_timer_that_imports_perf_counter_by_name_is_timed_on_the_fake_clock_to
     result = grade("08.step_time", step_time_with_a_bound_clock)
     assert result.points == result.max_points, [c.message for c in result.cases]
     assert perf_counter is time.perf_counter  # the case put the real clock back
+
+
+def step_time_on_timeits_clock(fn, *args, repeats=10):
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = timeit.default_timer()  # time.perf_counter, by timeit's name for it
+        jax.block_until_ready(fn(*args))
+        seconds.append(timeit.default_timer() - start)
+    return statistics.median(seconds)
+
+
+def test_a_timer_on_timeits_default_timer_is_timed_on_the_fake_clock_too():
+    result = grade("08.step_time", step_time_on_timeits_clock)
+    assert result.points == result.max_points, [c.message for c in result.cases]
+    assert timeit.default_timer is time.perf_counter  # the case put the real clock back
 
 
 def test_the_recorded_capture_tells_every_planted_top_op_apart():

@@ -22,6 +22,7 @@ from stacklib.grading import (
     numerical_gradient,
 )
 from stacklib.grading.expect import (
+    as_in_another_process,
     call_on_copies,
     expect_instance,
     expect_mentions,
@@ -115,6 +116,15 @@ def test_a_dataclass_of_arrays_compares_field_by_field_and_its_copy_is_not_a_cha
         call_on_copies(doubles_the_scale_in_place, weights)
     with pytest.raises(CaseFailure, match=r"the result\.scale: 2 of 2 values differ"):
         expect_equal(QArray(weights.qvalue, 3 * weights.scale, None, np.int8), weights)
+
+
+def test_in_another_process_only_salted_hashes_change():
+    values = [("a", 1), "a", b"a", frozenset({"a"}), (1, 2), 7, 2.5, None]
+    here = [hash(v) for v in values]
+    with as_in_another_process():
+        there = [hash(v) for v in values]
+    assert [a != b for a, b in zip(here, there, strict=True)] == [True] * 4 + [False] * 4
+    assert hash("a") == here[1]  # put back
 
 
 def test_numerical_gradient_matches_an_analytic_gradient():

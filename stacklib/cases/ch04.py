@@ -6,8 +6,6 @@ changes its inputs in place cannot change what it is compared with; it fails wit
 message that says so instead.
 """
 
-import builtins
-import contextlib
 import itertools
 import json
 import operator
@@ -16,6 +14,7 @@ import numpy as np
 
 import stacklib.data as sd
 from stacklib.grading import CaseFailure, Exercise, call_on_copies, expect, expect_equal, expect_same_sequence
+from stacklib.grading.expect import as_in_another_process
 
 # 04.index_shuffle -----------------------------------------------------------------------
 
@@ -40,31 +39,6 @@ def is_a_permutation_of_every_length(position):
                    f"n={n}, seed={seed}: not a permutation of range({n}); e.g. never produced {missing}")
 
 
-@contextlib.contextmanager
-def _hash_as_in_another_process():
-    """Within the block, hash() gives what a new Python process could: other values for str and bytes.
-
-    Python salts the hash of str and bytes per process (PYTHONHASHSEED), also inside a tuple, while
-    ints and tuples of ints hash alike everywhere (the chapter's `feistel_v1` hashes such a tuple).
-    A shuffle built on hash() of a string is repeatable within one process and nowhere else: a
-    resumed job would read its data in another order. Starting a process is slow; this stands in.
-    """
-    real_hash = builtins.hash
-
-    def resalted(value):
-        if isinstance(value, str | bytes):
-            return ("another process", value)
-        if isinstance(value, tuple):
-            return tuple(resalted(item) for item in value)
-        return value
-
-    builtins.hash = lambda value: real_hash(resalted(value))
-    try:
-        yield
-    finally:
-        builtins.hash = real_hash
-
-
 # A shuffle that ignores its seed gives every epoch the same order: worth as much as the other
 # properties, so 2 points, and five seeds must give five different orders.
 @index_shuffle.case(points=2, hint="The position must depend only on (index, n, seed), and every seed must "
@@ -72,7 +46,7 @@ def _hash_as_in_another_process():
 def is_deterministic_and_depends_on_the_seed(position):
     first, again = _order(position, 100, 3), _order(position, 100, 3)
     expect(first == again, "two calls with seed 3 gave different orders")
-    with _hash_as_in_another_process():
+    with as_in_another_process():  # hash() of a str is salted per process
         elsewhere = _order(position, 100, 3)
     expect(first == elsewhere, "seed 3 gives another order in another Python process: the order must be "
                                "the same wherever the job runs, or a restarted job reads another order",

@@ -21,6 +21,7 @@ shown only when THIS condition fails, in place of the case's own hint; `hint=""`
     expect_instance(got, np.ndarray, what="the result", why="the statement asks for NumPy")  # library
     expect_mentions(reason, ["median"], what="the reason")   # free text must name what it must name
     expect_same_across_processes(key_fn, *args, what="the cache key")  # no hash()/id() in a persistent key
+    with as_in_another_process(): again = fn(...)            # hash() of str salted anew, id() moved
     expect_sharding(out, NamedSharding(mesh, P()), what="the loss")     # a reduced, not per-device, value
     with forbidding(parallel.gpipe_schedule, why="the exercise is to build the table"): table = fn(4, 6)
     first_difference(got_items, expected_items)              # '' or "at position 3: expected 7, got 5"
@@ -361,6 +362,37 @@ def expect_mentions(text: Any, required: Sequence[str | Sequence[str]], *, what:
             raise CaseFailure(f"{what} {_show(text)} does not name {said}, which it must name", hint=hint)
 
 
+def _resalted(value: Any) -> Any:
+    """What `hash` sees of `value` in another process: str and bytes salted anew, at any depth of a tuple."""
+    if isinstance(value, str | bytes):
+        return ("another process", value)
+    if isinstance(value, tuple):
+        return tuple(_resalted(item) for item in value)
+    if isinstance(value, frozenset):
+        return frozenset(_resalted(item) for item in value)
+    return value  # ints, floats, None: hashed alike in every process
+
+
+@contextlib.contextmanager
+def as_in_another_process() -> Iterator[None]:
+    """Within the block, `hash()` and `id()` give what a new Python process could give.
+
+    `hash()` of a str or bytes (also inside a tuple or frozenset) changes, as PYTHONHASHSEED
+    would change it; `hash()` of ints and of tuples of ints does not, as in real processes;
+    `id()` (an address) moves. Code that must give the same answer wherever it runs (a cache
+    key, a data order) is run once outside and once inside, then compared.
+    """
+    import builtins
+
+    real_hash, real_id = builtins.hash, builtins.id
+    builtins.hash = lambda value: real_hash(_resalted(value))
+    builtins.id = lambda value: real_id(value) + 16
+    try:
+        yield
+    finally:
+        builtins.hash, builtins.id = real_hash, real_id
+
+
 def expect_same_across_processes(function: Callable, *args: Any, what: str = "the key",
                                  hint: str | None = None, **kwargs: Any) -> Any:
     """Require `function(*args)` not to depend on per-process values: `hash()` of a str or bytes, `id()`.
@@ -368,24 +400,11 @@ def expect_same_across_processes(function: Callable, *args: Any, what: str = "th
     Python salts `hash()` of str and bytes per process (PYTHONHASHSEED) and `id()` is an
     address, so a key built from them never matches in the next process: an on-disk cache
     never hits. Starting a second process is slow; instead the function is called twice,
-    the second time with `hash` and `id` replaced by ones that a new process could give.
-    Returns the first result.
+    the second time `as_in_another_process()`. Returns the first result.
     """
-    import builtins
-
     first = function(*args, **kwargs)
-    real_hash, real_id = builtins.hash, builtins.id
-
-    def other_process_hash(value):
-        if isinstance(value, str | bytes | tuple | frozenset):
-            return real_hash(("another process", value))
-        return real_hash(value)
-
-    builtins.hash, builtins.id = other_process_hash, lambda value: real_id(value) + 16
-    try:
+    with as_in_another_process():
         second = function(*args, **kwargs)
-    finally:
-        builtins.hash, builtins.id = real_hash, real_id
     expect(_same_value(first, second),
            f"{what} changes from one Python process to the next ({_show(first)} here, {_show(second)} in "
            "another): it uses hash() of a string or id(), which differ per process",
