@@ -30,6 +30,16 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
+def stop_process(process: subprocess.Popen, stop_signal: int = signal.SIGTERM, grace_s: float = 30) -> None:
+    """Ask a server the test started to stop (`stop_signal`), and kill it if it has not within `grace_s`."""
+    process.send_signal(stop_signal)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # -- the zoo, built first (make test) ----------------------------------------------------------
 # Chapters 13-16 and several tests start from the zoo's models (stacklib.llm.zoo, stacklib.align
 # .zoo): about 2½ minutes of training on one core, in the zoo's fixed build process, the first

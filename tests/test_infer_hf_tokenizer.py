@@ -24,7 +24,7 @@ import numpy as np
 import openai
 import pytest
 import tokenizers
-from conftest import ROOT
+from conftest import ROOT, stop_process
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import stacklib.nn as nnx
@@ -288,12 +288,7 @@ def client(folder, tmp_path_factory):
                 time.sleep(0.25)
         yield client
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def test_served_greedy_completions_equal_the_engines(client, engine, folder):

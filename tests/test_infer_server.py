@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
-from conftest import ROOT
+from conftest import ROOT, stop_process
 
 import stacklib.nn as nnx
 from stacklib import http as stack_http
@@ -368,9 +368,4 @@ def test_the_command_line_server_starts_serves_and_stops():
         response = client.completions.create(model=NAME, prompt="def ", max_tokens=4, temperature=0)
         assert response.choices[0].text
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

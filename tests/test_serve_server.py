@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, stop_process
 
 import stacklib.nn as nnx
 import stacklib.serve as serve
@@ -226,9 +226,4 @@ def test_the_command_line_server_starts_serves_and_stops(artifacts, tmp_path):
         status, payload = _request(endpoint, "POST", "/v1/models/digits/predict", request)
         assert status == 200 and np.array(payload["outputs"]).shape == (2, 10)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, signal.SIGINT)
